@@ -1,0 +1,12 @@
+//! urutau's runtime: sources, positions, batching and the runner that drives
+//! each route's DataFusion plan.
+
+pub mod batching;
+pub mod change_batch;
+pub mod position;
+pub mod runner;
+pub mod shutdown;
+pub mod sources;
+
+pub use runner::{RouteReport, RunError, RunOptions, RunReport, run};
+pub use shutdown::Shutdown;

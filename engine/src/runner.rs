@@ -1,0 +1,530 @@
+//! The runner: resumes every route from its sink's committed position,
+//! feeds each route the changes after it, drives the route plans, and stops
+//! — gracefully on a signal, or at the first batch a sink rejects.
+//!
+//! Per source: the source starts after the minimum committed position of
+//! its routes ([`min_safe`]); a route whose sink is further ahead skips the
+//! changes it already holds, so nothing is applied twice. A route that the
+//! source has not touched for `progress_interval` gets an empty batch that
+//! only advances its position. Acknowledgements to the source carry only
+//! positions every route has committed.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
+use datafusion::execution::TaskContext;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use urutau_planner::context;
+use urutau_planner::feed::RouteBatch;
+use urutau_planner::physical::SinkCommitError;
+use urutau_planner::plan::PipelinePlan;
+
+use crate::batching::BatchPolicy;
+use crate::position::{Position, PositionError, min_safe};
+use crate::shutdown::Shutdown;
+use crate::sources::{self, OpenArgs, SourceBatch, position_kind};
+
+/// How to run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Exit once everything the sources held at start is committed.
+    pub exit_when_caught_up: bool,
+}
+
+/// What one route did during a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteReport {
+    pub name: String,
+    pub commits: u64,
+    pub rows: u64,
+    pub deletes: u64,
+    /// The position committed last (or found at start).
+    pub position: Option<String>,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+pub struct RunReport {
+    pub routes: Vec<RouteReport>,
+    /// The run ended on a stop request rather than by catching up.
+    pub stopped: bool,
+}
+
+/// Why a run stopped without finishing.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A commit failed or a sink rejected a batch: the route stopped there,
+    /// its position unchanged.
+    #[error("{0}")]
+    Commit(String),
+    #[error("route {route}: {message}")]
+    Route { route: String, message: String },
+    #[error("source {source_name}: {message}")]
+    Source {
+        source_name: String,
+        message: String,
+    },
+}
+
+/// Runs a planned pipeline until it is caught up (with
+/// `exit_when_caught_up`), stopped, or fails.
+pub async fn run(
+    plan: &PipelinePlan,
+    options: RunOptions,
+    shutdown: Shutdown,
+) -> Result<RunReport, RunError> {
+    // Resume points, read from the sinks.
+    let mut resume: Vec<Option<Position>> = Vec::with_capacity(plan.routes.len());
+    for route in &plan.routes {
+        let source = plan.spec.source(&route.source).expect("planned");
+        let kind = position_kind(&source.kind.name).ok_or_else(|| RunError::Source {
+            source_name: route.source.clone(),
+            message: format!("source kind {} has no position kind", source.kind),
+        })?;
+        let err = |message: String| RunError::Route {
+            route: route.name.clone(),
+            message,
+        };
+        route.sink.ensure_table(&route.target).await.map_err(|e| {
+            err(format!(
+                "preparing table {}: {e}",
+                route.target.display_name()
+            ))
+        })?;
+        let committed = route
+            .sink
+            .committed_position(&route.target)
+            .await
+            .map_err(|e| err(format!("reading the committed position: {e}")))?;
+        let parsed = match committed {
+            Some(text) => Some(Position::parse(kind, &text).map_err(|e| {
+                err(format!(
+                    "table {} holds position `{text}`, which source {} cannot resume from: {e}",
+                    route.target.display_name(),
+                    route.source
+                ))
+            })?),
+            None => None,
+        };
+        tracing::info!(
+            route = %route.name,
+            position = %parsed.as_ref().map_or("(none: from the beginning)".to_string(), |p| p.to_string()),
+            "resuming"
+        );
+        resume.push(parsed);
+    }
+
+    let stop_reading = Arc::new(AtomicBool::new(false));
+    let stopper = {
+        let shutdown = shutdown.clone();
+        let flag = Arc::clone(&stop_reading);
+        tokio::spawn(async move {
+            shutdown.wait().await;
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+
+    // One task per route drives its plan.
+    let ctx = Arc::new(TaskContext::default());
+    let mut route_tasks: JoinSet<(usize, Result<RouteReport, RunError>)> = JoinSet::new();
+    let mut senders: Vec<Option<mpsc::Sender<RouteBatch>>> = Vec::new();
+    let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<(usize, String)>();
+    for (i, route) in plan.routes.iter().enumerate() {
+        senders.push(Some(route.feed.connect(2)));
+        let physical = Arc::clone(&route.physical);
+        let ctx = Arc::clone(&ctx);
+        let name = route.name.clone();
+        let progress = progress_tx.clone();
+        let start = resume[i].as_ref().map(|p| p.to_string());
+        let shutdown = shutdown.clone();
+        route_tasks.spawn(async move {
+            let result = drive_route(physical, ctx, name, i, start, progress).await;
+            if result.is_err() {
+                // A terminal error anywhere stops the whole run.
+                shutdown.trigger();
+            }
+            (i, result)
+        });
+    }
+    drop(progress_tx);
+
+    // Committed positions, for acknowledgements.
+    let committed: Arc<std::sync::Mutex<Vec<Option<Position>>>> =
+        Arc::new(std::sync::Mutex::new(resume.clone()));
+    let kinds: Vec<_> = plan
+        .routes
+        .iter()
+        .map(|r| {
+            position_kind(&plan.spec.source(&r.source).expect("planned").kind.name)
+                .expect("checked")
+        })
+        .collect();
+    let progress_task = {
+        let committed = Arc::clone(&committed);
+        tokio::spawn(async move {
+            while let Some((i, pos)) = progress_rx.recv().await {
+                if let Ok(p) = Position::parse(kinds[i], &pos) {
+                    committed.lock().expect("progress lock")[i] = Some(p);
+                }
+            }
+        })
+    };
+
+    // One dispatcher per source.
+    let mut source_result: Result<(), RunError> = Ok(());
+    let mut dispatchers = JoinSet::new();
+    for source in &plan.sources {
+        let route_ids: Vec<usize> = source
+            .tables
+            .iter()
+            .flat_map(|t| t.routes.iter().copied())
+            .collect();
+        let starts: Vec<Position> = route_ids
+            .iter()
+            .filter_map(|i| resume[*i].clone())
+            .collect();
+        let start = if starts.len() == route_ids.len() {
+            min_safe(&starts).map_err(|e: PositionError| RunError::Source {
+                source_name: source.spec.name.name.clone(),
+                message: e.to_string(),
+            })?
+        } else {
+            None
+        };
+        let opened = sources::open(OpenArgs {
+            plan: source,
+            start: start.clone(),
+            exit_when_caught_up: options.exit_when_caught_up,
+            policy: BatchPolicy::from(plan.batch),
+            stop: Arc::clone(&stop_reading),
+        });
+        let mut change_source = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                source_result = Err(RunError::Source {
+                    source_name: source.spec.name.name.clone(),
+                    message: e.message,
+                });
+                shutdown.trigger();
+                break;
+            }
+        };
+        let mut outlets: Vec<Outlet> = Vec::new();
+        for t in &source.tables {
+            for &i in &t.routes {
+                outlets.push(Outlet {
+                    route: i,
+                    table: t.table.clone(),
+                    sender: senders[i].take(),
+                    resume: resume[i].clone(),
+                    last_sent: Instant::now(),
+                    last_end: resume[i].clone(),
+                    empty: RecordBatch::new_empty(Arc::clone(&t.scan_schema)),
+                });
+            }
+        }
+        let progress_interval = plan.batch.progress_interval;
+        let shutdown = shutdown.clone();
+        let committed = Arc::clone(&committed);
+        let name = source.spec.name.name.clone();
+        dispatchers.spawn(async move {
+            let mut acknowledged: Option<Position> = None;
+            let mut source_end: Option<Position> = None;
+            let result: Result<(), RunError> = async {
+                loop {
+                    let next = tokio::select! {
+                        biased;
+                        _ = shutdown.wait() => break,
+                        next = change_source.next_batch() => next,
+                    };
+                    let batch = match next {
+                        Ok(Some(b)) => b,
+                        Ok(None) => {
+                            // Caught up: bring every route's committed
+                            // position to where the source ended.
+                            if let Some(end) = &source_end {
+                                finish_positions(&mut outlets, end).await;
+                            }
+                            break;
+                        }
+                        Err(e) => {
+                            return Err(RunError::Source {
+                                source_name: name.clone(),
+                                message: e.message,
+                            });
+                        }
+                    };
+                    source_end = Some(batch.end.clone());
+                    if !dispatch(&mut outlets, &batch, progress_interval).await {
+                        // A route stopped; its own error tells why.
+                        break;
+                    }
+                    // Acknowledge what every route of this source committed.
+                    let safe = {
+                        let c = committed.lock().expect("progress lock");
+                        let mine: Option<Vec<Position>> =
+                            outlets.iter().map(|o| c[o.route].clone()).collect();
+                        mine.and_then(|m| min_safe(&m).ok().flatten())
+                    };
+                    if let Some(safe) = safe
+                        && acknowledged
+                            .as_ref()
+                            .is_none_or(|a| safe.partial_cmp(a) == Some(Ordering::Greater))
+                    {
+                        change_source
+                            .acknowledge(&safe)
+                            .await
+                            .map_err(|e| RunError::Source {
+                                source_name: name.clone(),
+                                message: e.message,
+                            })?;
+                        acknowledged = Some(safe);
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            if result.is_err() {
+                shutdown.trigger();
+            }
+            // Dropping the senders ends the routes' scans: each route
+            // finishes the commit in flight and stops.
+            drop(outlets);
+            result
+        });
+    }
+    // Routes of sources that failed to open have no feed: close them.
+    senders.clear();
+
+    while let Some(joined) = dispatchers.join_next().await {
+        match joined {
+            Ok(Err(e)) if source_result.is_ok() => source_result = Err(e),
+            Err(e) if source_result.is_ok() => {
+                source_result = Err(RunError::Source {
+                    source_name: "?".into(),
+                    message: format!("the dispatcher failed: {e}"),
+                })
+            }
+            _ => {}
+        }
+    }
+    let mut reports: Vec<Option<RouteReport>> = vec![None; plan.routes.len()];
+    let mut route_error: Option<RunError> = None;
+    while let Some(joined) = route_tasks.join_next().await {
+        match joined {
+            Ok((i, Ok(report))) => reports[i] = Some(report),
+            Ok((_, Err(e))) => {
+                if route_error.is_none() {
+                    route_error = Some(e);
+                }
+            }
+            Err(e) => {
+                if route_error.is_none() {
+                    route_error = Some(RunError::Route {
+                        route: "?".into(),
+                        message: format!("the route task failed: {e}"),
+                    });
+                }
+            }
+        }
+    }
+    let _ = progress_task.await;
+    stopper.abort();
+    if let Some(e) = route_error {
+        return Err(e);
+    }
+    source_result?;
+    Ok(RunReport {
+        routes: reports
+            .into_iter()
+            .zip(&plan.routes)
+            .map(|(r, route)| {
+                r.unwrap_or_else(|| RouteReport {
+                    name: route.name.clone(),
+                    ..Default::default()
+                })
+            })
+            .collect(),
+        stopped: shutdown.is_triggered(),
+    })
+}
+
+/// Where one route's changes go.
+struct Outlet {
+    route: usize,
+    table: Vec<String>,
+    sender: Option<mpsc::Sender<RouteBatch>>,
+    /// The route's sink already holds everything up to here.
+    resume: Option<Position>,
+    last_sent: Instant,
+    last_end: Option<Position>,
+    empty: RecordBatch,
+}
+
+/// Sends each route its share of `batch`. False when a route is gone.
+async fn dispatch(
+    outlets: &mut [Outlet],
+    batch: &SourceBatch,
+    progress_interval: std::time::Duration,
+) -> bool {
+    for o in outlets.iter_mut() {
+        let Some(sender) = &o.sender else { continue };
+        // Changes the sink already holds are not sent again.
+        if let Some(r) = &o.resume {
+            match batch.end.partial_cmp(r) {
+                Some(Ordering::Less | Ordering::Equal) => continue,
+                Some(Ordering::Greater) => {}
+                None => {
+                    tracing::warn!(
+                        route = o.route,
+                        "positions not comparable; sending the batch"
+                    );
+                }
+            }
+        }
+        let rows = batch
+            .tables
+            .iter()
+            .find(|t| t.table == o.table)
+            .map(|t| &t.batch);
+        let rows = match (rows, &o.resume) {
+            (Some(b), Some(r)) => match skip_committed(b, r) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::error!(route = o.route, error = %e, "cannot compare positions");
+                    return false;
+                }
+            },
+            (Some(b), None) => Some(b.clone()),
+            (None, _) => None,
+        };
+        o.resume = None;
+        let send = match rows {
+            Some(b) if b.num_rows() > 0 => Some(b),
+            // Untouched: advance the position now and then.
+            _ if o.last_sent.elapsed() >= progress_interval => Some(o.empty.clone()),
+            _ => None,
+        };
+        if let Some(b) = send {
+            let rb = RouteBatch {
+                batch: b,
+                end: batch.end.to_string(),
+            };
+            if sender.send(rb).await.is_err() {
+                return false;
+            }
+            o.last_sent = Instant::now();
+            o.last_end = Some(batch.end.clone());
+        }
+    }
+    true
+}
+
+/// Sends an empty batch ending at `end` to every route whose position is
+/// behind it, so a caught-up run leaves every table at the source's end.
+async fn finish_positions(outlets: &mut [Outlet], end: &Position) {
+    for o in outlets.iter_mut() {
+        let Some(sender) = &o.sender else { continue };
+        let behind = match (&o.last_end, &o.resume) {
+            (_, Some(r)) => end.partial_cmp(r) == Some(Ordering::Greater),
+            (Some(last), None) => end.partial_cmp(last) == Some(Ordering::Greater),
+            (None, None) => true,
+        };
+        if behind {
+            let rb = RouteBatch {
+                batch: o.empty.clone(),
+                end: end.to_string(),
+            };
+            if sender.send(rb).await.is_ok() {
+                o.last_end = Some(end.clone());
+            }
+        }
+    }
+}
+
+/// Drops the rows at or before `committed` (the first batch after a resume
+/// may straddle a route's committed position).
+fn skip_committed(batch: &RecordBatch, committed: &Position) -> Result<RecordBatch, PositionError> {
+    let pos = batch
+        .column_by_name(context::POS)
+        .expect("change batches carry __pos")
+        .as_string::<i32>();
+    let mut keep = Vec::with_capacity(pos.len());
+    let mut cache: HashMap<&str, bool> = HashMap::new();
+    for i in 0..pos.len() {
+        let text = pos.value(i);
+        let k = match cache.get(text) {
+            Some(k) => *k,
+            None => {
+                let p = Position::parse(committed.kind(), text)?;
+                let k = p.partial_cmp(committed) != Some(Ordering::Less)
+                    && p.partial_cmp(committed) != Some(Ordering::Equal);
+                cache.insert(text, k);
+                k
+            }
+        };
+        keep.push(k);
+    }
+    let mask = BooleanArray::from(keep);
+    if mask.true_count() == mask.len() {
+        return Ok(batch.clone());
+    }
+    Ok(arrow::compute::filter_record_batch(batch, &mask).expect("mask has the batch's length"))
+}
+
+/// Executes a route's plan to its end, reporting each commit.
+async fn drive_route(
+    physical: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    ctx: Arc<TaskContext>,
+    name: String,
+    index: usize,
+    start: Option<String>,
+    progress: mpsc::UnboundedSender<(usize, String)>,
+) -> Result<RouteReport, RunError> {
+    let mut report = RouteReport {
+        name: name.clone(),
+        position: start,
+        ..Default::default()
+    };
+    let mut stream = physical.execute(0, ctx).map_err(|e| RunError::Route {
+        route: name.clone(),
+        message: e.strip_backtrace(),
+    })?;
+    while let Some(item) = stream.next().await {
+        let stats = item.map_err(|e| commit_error(&name, e))?;
+        for row in 0..stats.num_rows() {
+            let position = stats.column(1).as_string::<i32>().value(row).to_string();
+            report.commits += 1;
+            report.rows += stats
+                .column(2)
+                .as_primitive::<arrow::datatypes::UInt64Type>()
+                .value(row);
+            report.deletes += stats
+                .column(3)
+                .as_primitive::<arrow::datatypes::UInt64Type>()
+                .value(row);
+            tracing::debug!(route = %name, position = %position, "committed");
+            let _ = progress.send((index, position.clone()));
+            report.position = Some(position);
+        }
+    }
+    Ok(report)
+}
+
+fn commit_error(route: &str, e: datafusion::error::DataFusionError) -> RunError {
+    if let datafusion::error::DataFusionError::External(inner) = e.find_root()
+        && let Some(c) = inner.downcast_ref::<SinkCommitError>()
+    {
+        return RunError::Commit(format!("route {route}: {c}"));
+    }
+    RunError::Route {
+        route: route.to_string(),
+        message: e.strip_backtrace(),
+    }
+}

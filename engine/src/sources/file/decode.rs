@@ -1,0 +1,817 @@
+//! Typed decoding of Debezium row images (`before` / `after` JSON objects)
+//! straight into Arrow builders, one builder per declared column.
+//!
+//! A value that does not fit its declared type is an error naming the field
+//! and the value (the reader adds file and line); it is never coerced or
+//! dropped.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder,
+    FixedSizeBinaryBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder,
+    RecordBatch, StringBuilder, Time64MicrosecondBuilder, TimestampMicrosecondBuilder,
+    UInt64Builder, new_null_array,
+};
+use arrow::datatypes::{Field, FieldRef, Schema, SchemaRef};
+use base64::Engine as _;
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
+use urutau_planner::registry::SourceTableSchema;
+use urutau_planner::types::{CanonicalType, UTC};
+
+use crate::change_batch::{ContextBuilder, RowKind};
+
+/// A row value that does not fit (carried as a serde error message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError {
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "field `{field}`: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+const EPOCH_DAYS_FROM_CE: i32 = 719_163;
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+enum Builder {
+    Bool(BooleanBuilder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    UInt64(UInt64Builder),
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Decimal(Decimal128Builder, u8, u8),
+    Text(StringBuilder),
+    Uuid(StringBuilder),
+    Json(StringBuilder),
+    Binary(BinaryBuilder),
+    Fixed(FixedSizeBinaryBuilder, i32),
+    Date(Date32Builder),
+    Time(Time64MicrosecondBuilder),
+    Timestamp(TimestampMicrosecondBuilder),
+    TimestampTz(TimestampMicrosecondBuilder),
+    /// Struct, list, map: raw JSON per row, decoded with arrow-json when the
+    /// batch closes. `(line, raw)`; `None` is NULL.
+    Nested(FieldRef, Vec<(u64, Option<String>)>),
+}
+
+struct Column {
+    name: String,
+    ty: CanonicalType,
+    nullable: bool,
+    builder: Builder,
+}
+
+fn new_builder(ty: &CanonicalType, name: &str) -> Builder {
+    match ty {
+        CanonicalType::Bool => Builder::Bool(BooleanBuilder::new()),
+        CanonicalType::Int32 => Builder::Int32(Int32Builder::new()),
+        CanonicalType::Int64 => Builder::Int64(Int64Builder::new()),
+        CanonicalType::UInt64 => Builder::UInt64(UInt64Builder::new()),
+        CanonicalType::Float32 => Builder::Float32(Float32Builder::new()),
+        CanonicalType::Float64 => Builder::Float64(Float64Builder::new()),
+        CanonicalType::Decimal { precision, scale } => Builder::Decimal(
+            Decimal128Builder::new()
+                .with_precision_and_scale(*precision, *scale as i8)
+                .expect("validated precision"),
+            *precision,
+            *scale,
+        ),
+        CanonicalType::String | CanonicalType::Unknown(_) => Builder::Text(StringBuilder::new()),
+        CanonicalType::Uuid => Builder::Uuid(StringBuilder::new()),
+        CanonicalType::Json => Builder::Json(StringBuilder::new()),
+        CanonicalType::Binary => Builder::Binary(BinaryBuilder::new()),
+        CanonicalType::Fixed(n) => Builder::Fixed(FixedSizeBinaryBuilder::new(*n), *n),
+        CanonicalType::Date => Builder::Date(Date32Builder::new()),
+        CanonicalType::Time => Builder::Time(Time64MicrosecondBuilder::new()),
+        CanonicalType::Timestamp => Builder::Timestamp(TimestampMicrosecondBuilder::new()),
+        CanonicalType::TimestampTz => Builder::TimestampTz(TimestampMicrosecondBuilder::new()),
+        CanonicalType::Struct(_) | CanonicalType::List(_) | CanonicalType::Map(_, _) => {
+            Builder::Nested(
+                Arc::new(Field::new(name, ty.arrow_type(), true)),
+                Vec::new(),
+            )
+        }
+    }
+}
+
+/// Decodes the rows of one declared table.
+pub struct TableDecoder {
+    columns: Vec<Column>,
+    index: HashMap<String, usize>,
+    set: Vec<bool>,
+    context: ContextBuilder,
+    schema: SchemaRef,
+    source_table: String,
+    /// Fields seen in the data that the declaration lacks (warned once).
+    pub undeclared: Vec<String>,
+}
+
+impl TableDecoder {
+    /// A decoder producing batches of `scan_schema` (data columns as
+    /// declared, then the context columns).
+    pub fn new(table: &SourceTableSchema, scan_schema: SchemaRef, source_table: String) -> Self {
+        let columns: Vec<Column> = table
+            .columns
+            .iter()
+            .map(|c| Column {
+                name: c.name.name.clone(),
+                ty: c.ty.clone(),
+                nullable: c.nullable,
+                builder: new_builder(&c.ty, &c.name.name),
+            })
+            .collect();
+        let index = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.clone(), i))
+            .collect();
+        TableDecoder {
+            set: vec![false; columns.len()],
+            columns,
+            index,
+            context: ContextBuilder::new(),
+            schema: scan_schema,
+            source_table,
+            undeclared: Vec::new(),
+        }
+    }
+
+    /// Rows decoded since the last batch.
+    pub fn rows(&self) -> usize {
+        self.context.len()
+    }
+
+    /// Gives the rows of the just-closed transaction their position.
+    pub fn close_transaction(&mut self, position: &str) {
+        self.context.close_transaction(position);
+    }
+
+    /// Rows of the transaction still open.
+    pub fn open_rows(&self) -> usize {
+        self.context.open_rows()
+    }
+
+    /// Decodes one row image (a JSON object) at `line`.
+    pub fn append_row(
+        &mut self,
+        raw: &RawValue,
+        kind: RowKind,
+        commit_ts_micros: Option<i64>,
+        snapshot: bool,
+        line: u64,
+    ) -> Result<(), DecodeError> {
+        self.set.iter_mut().for_each(|s| *s = false);
+        let mut de = serde_json::Deserializer::from_str(raw.get());
+        let mut failed_field = None;
+        let visitor = RowVisitor {
+            decoder: self,
+            line,
+            failed_field: &mut failed_field,
+        };
+        if let Err(e) = de.deserialize_map(visitor) {
+            let message = e.to_string();
+            let message = message
+                .split(" at line ")
+                .next()
+                .unwrap_or(&message)
+                .to_string();
+            return Err(DecodeError {
+                field: failed_field,
+                message,
+            });
+        }
+        // Columns the image does not carry.
+        let lenient = kind == RowKind::UpdateBefore;
+        for i in 0..self.columns.len() {
+            if !self.set[i] {
+                let c = &mut self.columns[i];
+                if !c.nullable && !lenient {
+                    return Err(DecodeError {
+                        field: Some(c.name.clone()),
+                        message: "missing, and the column is declared NOT NULL".to_string(),
+                    });
+                }
+                append_null(c, lenient, line)?;
+            }
+        }
+        self.context.append(kind, commit_ts_micros, snapshot);
+        Ok(())
+    }
+
+    /// The rows decoded so far as one batch (every transaction closed).
+    pub fn finish(&mut self, ingest_ts_micros: i64) -> Result<RecordBatch, DecodeError> {
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        for c in &mut self.columns {
+            arrays.push(finish_builder(&mut c.builder)?);
+        }
+        arrays.extend(self.context.finish(ingest_ts_micros, &self.source_table));
+        RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| DecodeError {
+            field: None,
+            message: format!("internal: {e}"),
+        })
+    }
+}
+
+fn finish_builder(b: &mut Builder) -> Result<ArrayRef, DecodeError> {
+    Ok(match b {
+        Builder::Bool(b) => Arc::new(b.finish()),
+        Builder::Int32(b) => Arc::new(b.finish()),
+        Builder::Int64(b) => Arc::new(b.finish()),
+        Builder::UInt64(b) => Arc::new(b.finish()),
+        Builder::Float32(b) => Arc::new(b.finish()),
+        Builder::Float64(b) => Arc::new(b.finish()),
+        Builder::Decimal(b, p, s) => Arc::new(
+            b.finish()
+                .with_precision_and_scale(*p, *s as i8)
+                .expect("validated precision"),
+        ),
+        Builder::Text(b) | Builder::Uuid(b) | Builder::Json(b) => Arc::new(b.finish()),
+        Builder::Binary(b) => Arc::new(b.finish()),
+        Builder::Fixed(b, _) => Arc::new(b.finish()),
+        Builder::Date(b) => Arc::new(b.finish()),
+        Builder::Time(b) => Arc::new(b.finish()),
+        Builder::Timestamp(b) => Arc::new(b.finish()),
+        Builder::TimestampTz(b) => Arc::new(b.finish().with_timezone(UTC)),
+        Builder::Nested(field, rows) => {
+            let rows = std::mem::take(rows);
+            decode_nested(field, &rows)?
+        }
+    })
+}
+
+/// Decodes nested values with arrow-json; on failure, finds the row at fault
+/// so the error can name its line.
+fn decode_nested(
+    field: &FieldRef,
+    rows: &[(u64, Option<String>)],
+) -> Result<ArrayRef, DecodeError> {
+    let decode = |rows: &[(u64, Option<String>)]| -> Result<ArrayRef, String> {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "v",
+            field.data_type().clone(),
+            true,
+        )]));
+        let mut decoder = arrow::json::ReaderBuilder::new(schema)
+            .with_batch_size(rows.len().max(1))
+            .with_strict_mode(true)
+            .build_decoder()
+            .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        for (_, raw) in rows {
+            match raw {
+                Some(r) => {
+                    text.push_str("{\"v\":");
+                    text.push_str(r);
+                    text.push_str("}\n");
+                }
+                None => text.push_str("{\"v\":null}\n"),
+            }
+        }
+        decoder.decode(text.as_bytes()).map_err(|e| e.to_string())?;
+        match decoder.flush().map_err(|e| e.to_string())? {
+            Some(batch) => Ok(Arc::clone(batch.column(0))),
+            None => Ok(new_null_array(field.data_type(), 0)),
+        }
+    };
+    match decode(rows) {
+        Ok(a) => Ok(a),
+        Err(batch_error) => {
+            for row in rows {
+                if let Err(e) = decode(std::slice::from_ref(row)) {
+                    return Err(DecodeError {
+                        field: Some(field.name().clone()),
+                        message: format!(
+                            "line {}: value {} does not fit {}: {e}",
+                            row.0,
+                            shorten(row.1.as_deref().unwrap_or("null")),
+                            CanonicalType::from_arrow(field.data_type())
+                                .map_or("?".into(), |t| t.to_string())
+                        ),
+                    });
+                }
+            }
+            Err(DecodeError {
+                field: Some(field.name().clone()),
+                message: batch_error,
+            })
+        }
+    }
+}
+
+fn append_null(c: &mut Column, lenient: bool, line: u64) -> Result<(), DecodeError> {
+    if !c.nullable {
+        if !lenient {
+            return Err(DecodeError {
+                field: Some(c.name.clone()),
+                message: "is NULL, and the column is declared NOT NULL".to_string(),
+            });
+        }
+        // An update's before image may lack non-key columns (REPLICA
+        // IDENTITY DEFAULT); only its key is ever used, so a zero value
+        // stands in for what the image does not carry.
+        append_default(&mut c.builder, line);
+        return Ok(());
+    }
+    match &mut c.builder {
+        Builder::Bool(b) => b.append_null(),
+        Builder::Int32(b) => b.append_null(),
+        Builder::Int64(b) => b.append_null(),
+        Builder::UInt64(b) => b.append_null(),
+        Builder::Float32(b) => b.append_null(),
+        Builder::Float64(b) => b.append_null(),
+        Builder::Decimal(b, ..) => b.append_null(),
+        Builder::Text(b) | Builder::Uuid(b) | Builder::Json(b) => b.append_null(),
+        Builder::Binary(b) => b.append_null(),
+        Builder::Fixed(b, _) => b.append_null(),
+        Builder::Date(b) => b.append_null(),
+        Builder::Time(b) => b.append_null(),
+        Builder::Timestamp(b) | Builder::TimestampTz(b) => b.append_null(),
+        Builder::Nested(_, rows) => rows.push((line, None)),
+    }
+    Ok(())
+}
+
+fn append_default(b: &mut Builder, line: u64) {
+    match b {
+        Builder::Bool(b) => b.append_value(false),
+        Builder::Int32(b) => b.append_value(0),
+        Builder::Int64(b) => b.append_value(0),
+        Builder::UInt64(b) => b.append_value(0),
+        Builder::Float32(b) => b.append_value(0.0),
+        Builder::Float64(b) => b.append_value(0.0),
+        Builder::Decimal(b, ..) => b.append_value(0),
+        Builder::Text(b) | Builder::Json(b) => b.append_value(""),
+        Builder::Uuid(b) => b.append_value("00000000-0000-0000-0000-000000000000"),
+        Builder::Binary(b) => b.append_value([]),
+        Builder::Fixed(b, n) => b.append_value(vec![0u8; *n as usize]).expect("right width"),
+        Builder::Date(b) => b.append_value(0),
+        Builder::Time(b) => b.append_value(0),
+        Builder::Timestamp(b) | Builder::TimestampTz(b) => b.append_value(0),
+        Builder::Nested(f, rows) => rows.push((
+            line,
+            Some(match f.data_type() {
+                arrow::datatypes::DataType::List(_) => "[]".to_string(),
+                _ => "{}".to_string(),
+            }),
+        )),
+    }
+}
+
+/// A value shown in an error: quoted if text, cut at 64 characters.
+fn shorten(text: &str) -> String {
+    if text.chars().count() > 64 {
+        format!("{}...", text.chars().take(64).collect::<String>())
+    } else {
+        text.to_string()
+    }
+}
+
+struct RowVisitor<'a> {
+    decoder: &'a mut TableDecoder,
+    line: u64,
+    failed_field: &'a mut Option<String>,
+}
+
+impl<'de> Visitor<'de> for RowVisitor<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a row image (a JSON object)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match self.decoder.index.get(key.as_ref()) {
+                Some(&i) => {
+                    if self.decoder.set[i] {
+                        *self.failed_field = Some(key.to_string());
+                        return Err(de::Error::custom("appears twice in the row"));
+                    }
+                    self.decoder.set[i] = true;
+                    let column = &mut self.decoder.columns[i];
+                    if let Err(e) = map.next_value_seed(ValueSeed {
+                        column,
+                        line: self.line,
+                    }) {
+                        *self.failed_field = Some(key.to_string());
+                        return Err(e);
+                    }
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                    if !self.decoder.undeclared.iter().any(|u| u == key.as_ref()) {
+                        self.decoder.undeclared.push(key.to_string());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+struct ValueSeed<'a> {
+    column: &'a mut Column,
+    line: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        let raw_path = matches!(
+            self.column.builder,
+            Builder::Decimal(..) | Builder::Json(_) | Builder::Nested(..)
+        ) || matches!(self.column.ty, CanonicalType::Unknown(_));
+        if raw_path {
+            let raw: &RawValue = <&RawValue as serde::Deserialize>::deserialize(deserializer)?;
+            return append_raw(self.column, raw.get(), self.line).map_err(de::Error::custom);
+        }
+        deserializer.deserialize_any(ValueVisitor {
+            column: self.column,
+        })
+    }
+}
+
+fn mismatch(value: &str, ty: &CanonicalType) -> String {
+    format!("value {} does not fit {ty}", shorten(value))
+}
+
+/// Decimals, JSON, unknown and nested values, from their raw JSON text.
+fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
+    if raw == "null" {
+        return append_null(c, false, line).map_err(|e| e.message);
+    }
+    match &mut c.builder {
+        Builder::Decimal(b, p, s) => {
+            let text = if raw.starts_with('"') {
+                serde_json::from_str::<String>(raw).map_err(|e| e.to_string())?
+            } else {
+                raw.to_string()
+            };
+            let v = parse_decimal(&text, *p, *s)
+                .map_err(|why| format!("{} ({why})", mismatch(raw, &c.ty)))?;
+            b.append_value(v);
+        }
+        Builder::Json(b) | Builder::Text(b) => {
+            // A JSON string carries its text (Debezium's Json type is a
+            // string holding JSON); anything else is kept as JSON text.
+            if raw.starts_with('"') {
+                let s: String = serde_json::from_str(raw).map_err(|e| e.to_string())?;
+                b.append_value(s);
+            } else {
+                b.append_value(raw);
+            }
+        }
+        Builder::Nested(_, rows) => rows.push((line, Some(raw.to_string()))),
+        _ => unreachable!("raw path only for decimal, json, unknown and nested"),
+    }
+    Ok(())
+}
+
+/// Parses decimal text exactly into an integer scaled by `scale`; more
+/// fraction digits than `scale` or more digits than `precision` is an
+/// error, never a rounding.
+pub fn parse_decimal(text: &str, precision: u8, scale: u8) -> Result<i128, String> {
+    let t = text.trim();
+    let (neg, t) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let (mantissa, exp) = match t.find(['e', 'E']) {
+        Some(i) => (
+            &t[..i],
+            t[i + 1..]
+                .parse::<i32>()
+                .map_err(|_| "bad exponent".to_string())?,
+        ),
+        None => (t, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int_part.is_empty() && frac_part.is_empty()
+        || !int_part.bytes().all(|b| b.is_ascii_digit())
+        || !frac_part.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err("not a number".into());
+    }
+    let mut digits: String = format!("{int_part}{frac_part}");
+    let mut frac_len = frac_part.len() as i32 - exp;
+    if frac_len < 0 {
+        digits.extend(std::iter::repeat_n('0', (-frac_len) as usize));
+        frac_len = 0;
+    }
+    let frac_len = frac_len as usize;
+    // Strip trailing zeros beyond the scale: they lose nothing.
+    let mut digits = digits.as_str();
+    let mut frac_len = frac_len;
+    while frac_len > scale as usize && digits.ends_with('0') {
+        digits = &digits[..digits.len() - 1];
+        frac_len -= 1;
+    }
+    if frac_len > scale as usize {
+        return Err(format!("more than {scale} fraction digits"));
+    }
+    let padded = format!("{digits}{}", "0".repeat(scale as usize - frac_len));
+    let significant = padded.trim_start_matches('0');
+    if significant.len() > precision as usize {
+        return Err(format!("more than {precision} digits"));
+    }
+    let v: i128 = if significant.is_empty() {
+        0
+    } else {
+        significant
+            .parse()
+            .map_err(|_| "too many digits".to_string())?
+    };
+    Ok(if neg { -v } else { v })
+}
+
+fn parse_date(s: &str) -> Option<i32> {
+    let d = NaiveDate::parse_from_str(s, "%Y-%m-%d").ok()?;
+    Some(chrono::Datelike::num_days_from_ce(&d) - EPOCH_DAYS_FROM_CE)
+}
+
+fn parse_time(s: &str) -> Option<i64> {
+    let t = NaiveTime::parse_from_str(s, "%H:%M:%S%.f").ok()?;
+    Some(t.num_seconds_from_midnight() as i64 * 1_000_000 + (t.nanosecond() as i64 / 1000))
+}
+
+fn parse_naive_timestamp(s: &str) -> Option<i64> {
+    let dt = NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
+        .or_else(|_| NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f"))
+        .ok()?;
+    exact_micros(
+        dt.and_utc().timestamp(),
+        dt.and_utc().timestamp_subsec_nanos(),
+    )
+}
+
+fn parse_zoned_timestamp(s: &str) -> Option<i64> {
+    let dt = DateTime::parse_from_rfc3339(s)
+        .or_else(|_| DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%#z"))
+        .ok()?;
+    exact_micros(dt.timestamp(), dt.timestamp_subsec_nanos())
+}
+
+/// Microseconds, refusing sub-microsecond digits (they would be lost).
+fn exact_micros(secs: i64, nanos: u32) -> Option<i64> {
+    if nanos % 1000 != 0 {
+        return None;
+    }
+    secs.checked_mul(1_000_000)?
+        .checked_add((nanos / 1000) as i64)
+}
+
+fn normalize_uuid(s: &str) -> Option<String> {
+    let u = uuid::Uuid::parse_str(s).ok()?;
+    Some(u.hyphenated().to_string())
+}
+
+struct ValueVisitor<'a> {
+    column: &'a mut Column,
+}
+
+impl ValueVisitor<'_> {
+    fn fail<E: de::Error>(&self, shown: &str) -> E {
+        E::custom(mismatch(shown, &self.column.ty))
+    }
+
+    fn int<E: de::Error>(self, v: i64) -> Result<(), E> {
+        let shown = v.to_string();
+        match &mut self.column.builder {
+            Builder::Int32(b) => b.append_value(
+                i32::try_from(v).map_err(|_| E::custom(mismatch(&shown, &CanonicalType::Int32)))?,
+            ),
+            Builder::Int64(b) => b.append_value(v),
+            Builder::UInt64(b) if v >= 0 => b.append_value(v as u64),
+            Builder::Float32(b) if (v as f32) as i64 == v => b.append_value(v as f32),
+            Builder::Float64(b) if (v as f64) as i64 == v => b.append_value(v as f64),
+            Builder::Date(b) => b.append_value(
+                i32::try_from(v).map_err(|_| E::custom(mismatch(&shown, &CanonicalType::Date)))?,
+            ),
+            Builder::Time(b) if (0..MICROS_PER_DAY).contains(&v) => b.append_value(v),
+            Builder::Timestamp(b) | Builder::TimestampTz(b) => b.append_value(v),
+            _ => return Err(self.fail(&shown)),
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Visitor<'de> for ValueVisitor<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a value of type {}", self.column.ty)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        append_null(self.column, false, 0).map_err(|e| E::custom(e.message))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        self.visit_unit()
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        match &mut self.column.builder {
+            Builder::Bool(b) => {
+                b.append_value(v);
+                Ok(())
+            }
+            _ => Err(self.fail(&v.to_string())),
+        }
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.int(v)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        if let Ok(i) = i64::try_from(v) {
+            return self.int(i);
+        }
+        match &mut self.column.builder {
+            Builder::UInt64(b) => {
+                b.append_value(v);
+                Ok(())
+            }
+            _ => Err(self.fail(&v.to_string())),
+        }
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        match &mut self.column.builder {
+            Builder::Float64(b) => b.append_value(v),
+            Builder::Float32(b) => {
+                let f = v as f32;
+                if v.is_finite() && !f.is_finite() {
+                    return Err(self.fail(&v.to_string()));
+                }
+                b.append_value(f)
+            }
+            _ => return Err(self.fail(&v.to_string())),
+        }
+        Ok(())
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        let shown = format!("\"{}\"", v);
+        let ok = match &mut self.column.builder {
+            Builder::Text(b) => {
+                b.append_value(v);
+                true
+            }
+            Builder::Uuid(b) => match normalize_uuid(v) {
+                Some(u) => {
+                    b.append_value(u);
+                    true
+                }
+                None => false,
+            },
+            Builder::Binary(b) => match base64::engine::general_purpose::STANDARD.decode(v) {
+                Ok(bytes) => {
+                    b.append_value(bytes);
+                    true
+                }
+                Err(_) => false,
+            },
+            Builder::Fixed(b, n) => match base64::engine::general_purpose::STANDARD.decode(v) {
+                Ok(bytes) if bytes.len() == *n as usize => {
+                    b.append_value(bytes).expect("width checked");
+                    true
+                }
+                Ok(bytes) => {
+                    return Err(E::custom(format!(
+                        "value {} holds {} bytes, and FIXED({n}) needs exactly {n}",
+                        shorten(&shown),
+                        bytes.len()
+                    )));
+                }
+                Err(_) => false,
+            },
+            Builder::Date(b) => match parse_date(v) {
+                Some(d) => {
+                    b.append_value(d);
+                    true
+                }
+                None => false,
+            },
+            Builder::Time(b) => match parse_time(v) {
+                Some(t) => {
+                    b.append_value(t);
+                    true
+                }
+                None => false,
+            },
+            Builder::Timestamp(b) => match parse_naive_timestamp(v) {
+                Some(t) => {
+                    b.append_value(t);
+                    true
+                }
+                None => false,
+            },
+            Builder::TimestampTz(b) => match parse_zoned_timestamp(v) {
+                Some(t) => {
+                    b.append_value(t);
+                    true
+                }
+                None => false,
+            },
+            Builder::Float64(b) => match v {
+                "NaN" => {
+                    b.append_value(f64::NAN);
+                    true
+                }
+                "Infinity" => {
+                    b.append_value(f64::INFINITY);
+                    true
+                }
+                "-Infinity" => {
+                    b.append_value(f64::NEG_INFINITY);
+                    true
+                }
+                _ => false,
+            },
+            Builder::Float32(b) => match v {
+                "NaN" => {
+                    b.append_value(f32::NAN);
+                    true
+                }
+                "Infinity" => {
+                    b.append_value(f32::INFINITY);
+                    true
+                }
+                "-Infinity" => {
+                    b.append_value(f32::NEG_INFINITY);
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if ok { Ok(()) } else { Err(self.fail(&shown)) }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<(), A::Error> {
+        Err(self.fail("{...}"))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, _seq: A) -> Result<(), A::Error> {
+        Err(self.fail("[...]"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimals_parse_exactly_or_fail() {
+        assert_eq!(parse_decimal("12.34", 12, 2), Ok(1234));
+        assert_eq!(parse_decimal("-0.01", 12, 2), Ok(-1));
+        assert_eq!(parse_decimal("5", 12, 2), Ok(500));
+        assert_eq!(parse_decimal("1.50", 3, 1), Ok(15));
+        assert_eq!(parse_decimal("1.5e2", 5, 1), Ok(1500));
+        assert_eq!(
+            parse_decimal("99999999999999999999999999999999999999", 38, 0).unwrap(),
+            99999999999999999999999999999999999999
+        );
+        assert!(parse_decimal("1.234", 12, 2).is_err());
+        assert!(parse_decimal("1234", 3, 0).is_err());
+        assert!(parse_decimal("abc", 3, 0).is_err());
+        assert!(parse_decimal("", 3, 0).is_err());
+    }
+
+    #[test]
+    fn temporal_text_forms() {
+        assert_eq!(parse_date("1970-01-02"), Some(1));
+        assert_eq!(parse_date("1969-12-31"), Some(-1));
+        assert_eq!(parse_time("00:00:01.5"), Some(1_500_000));
+        assert_eq!(
+            parse_naive_timestamp("1969-12-31T23:59:59.999999"),
+            Some(-1)
+        );
+        assert_eq!(parse_zoned_timestamp("1970-01-01T01:00:00+01:00"), Some(0));
+        assert_eq!(
+            parse_zoned_timestamp("2024-01-01T00:00:00.000000001Z"),
+            None
+        );
+        assert_eq!(
+            normalize_uuid("A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11").unwrap(),
+            "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+        );
+    }
+}

@@ -1,0 +1,636 @@
+//! Reading a file (or a directory of files, in name order) of Debezium-style
+//! change events, one JSON object per line, into change batches.
+//!
+//! Lines that share a transaction id (`source.txId` or `transaction.id`) and
+//! follow each other form one transaction; any other line is a transaction
+//! of its own. A batch closes only between transactions. The position of a
+//! transaction is the byte offset of the line after it.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::sync::mpsc;
+use urutau_planner::plan::SourceTablePlan;
+
+use super::decode::TableDecoder;
+use crate::batching::BatchPolicy;
+use crate::change_batch::RowKind;
+use crate::position::{FilePosition, Position};
+use crate::sources::{SourceBatch, SourceError, TableChanges};
+
+/// What the reader needs to know.
+pub struct ReaderConfig {
+    pub path: PathBuf,
+    pub tables: Vec<TableConfig>,
+    pub start: Option<FilePosition>,
+    pub exit_when_caught_up: bool,
+    pub policy: BatchPolicy,
+}
+
+/// A routed table: its name parts and its planned schema.
+pub struct TableConfig {
+    pub table: Vec<String>,
+    pub decoder: TableDecoder,
+}
+
+impl TableConfig {
+    pub fn from_plan(plan: &SourceTablePlan) -> Self {
+        TableConfig {
+            table: plan.table.clone(),
+            decoder: TableDecoder::new(
+                &plan.schema,
+                Arc::clone(&plan.scan_schema),
+                plan.table.join("."),
+            ),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    op: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    before: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    after: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    source: Option<SourceInfo<'a>>,
+    #[serde(borrow, default)]
+    transaction: Option<TransactionInfo<'a>>,
+    #[serde(borrow, default)]
+    payload: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct SourceInfo<'a> {
+    #[serde(borrow, default)]
+    table: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    schema: Option<Cow<'a, str>>,
+    #[serde(default)]
+    ts_ms: Option<i64>,
+    #[serde(borrow, default, rename = "txId")]
+    tx_id: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct TransactionInfo<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+}
+
+/// One file to read and where to stop (for `--exit-when-caught-up`).
+struct FileCursor {
+    name: Option<String>,
+    path: PathBuf,
+    reader: BufReader<File>,
+    offset: u64,
+    line: u64,
+    stop_at: Option<u64>,
+}
+
+/// The reader's state while it runs.
+struct Reader {
+    cfg: ReaderConfig,
+    dir: bool,
+    /// Files of a directory still to read after the current one.
+    queue: Vec<(String, PathBuf, Option<u64>)>,
+    current: Option<FileCursor>,
+    line_buf: Vec<u8>,
+    /// Open transaction: its id, and whether it holds rows.
+    open_tx: Option<String>,
+    /// Position after the last closed transaction.
+    closed_at: Option<FilePosition>,
+    batch_lines: usize,
+    batch_rows: usize,
+    batch_opened: Option<Instant>,
+    warned: std::collections::HashSet<String>,
+}
+
+fn list_dir(path: &Path) -> Result<Vec<(String, PathBuf)>, SourceError> {
+    let mut files: Vec<(String, PathBuf)> = std::fs::read_dir(path)
+        .map_err(|e| SourceError::new(format!("{}: {e}", path.display())))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+        .map(|e| (e.file_name().to_string_lossy().to_string(), e.path()))
+        .filter(|(n, _)| !n.starts_with('.'))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn open_at(
+    name: Option<String>,
+    path: &Path,
+    offset: u64,
+    stop_at: Option<u64>,
+) -> Result<FileCursor, SourceError> {
+    let file =
+        File::open(path).map_err(|e| SourceError::new(format!("{}: {e}", path.display())))?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if offset > len {
+        return Err(SourceError::new(format!(
+            "{}: the committed position {offset} is past the end of the file ({len} bytes): the file was truncated or replaced",
+            path.display()
+        )));
+    }
+    // Line numbers for messages: count the lines before the start.
+    let mut line = 0u64;
+    if offset > 0 {
+        let mut r = BufReader::with_capacity(
+            1 << 20,
+            File::open(path).map_err(|e| SourceError::new(e.to_string()))?,
+        );
+        let mut left = offset;
+        while left > 0 {
+            let buf = r.fill_buf().map_err(|e| SourceError::new(e.to_string()))?;
+            if buf.is_empty() {
+                break;
+            }
+            let n = buf.len().min(left as usize);
+            line += memchr::memchr_iter(b'\n', &buf[..n]).count() as u64;
+            r.consume(n);
+            left -= n as u64;
+        }
+    }
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    reader
+        .seek(SeekFrom::Start(offset))
+        .map_err(|e| SourceError::new(format!("{}: {e}", path.display())))?;
+    Ok(FileCursor {
+        name,
+        path: path.to_path_buf(),
+        reader,
+        offset,
+        line,
+        stop_at,
+    })
+}
+
+enum LineRead {
+    Line,
+    /// Nothing more now (tail: wait and retry).
+    Wait,
+    /// Everything the source held at start is read.
+    Done,
+}
+
+impl Reader {
+    fn new(cfg: ReaderConfig) -> Result<Reader, SourceError> {
+        let meta = std::fs::metadata(&cfg.path)
+            .map_err(|e| SourceError::new(format!("{}: {e}", cfg.path.display())))?;
+        let dir = meta.is_dir();
+        let mut reader = Reader {
+            dir,
+            queue: vec![],
+            current: None,
+            line_buf: Vec::with_capacity(4096),
+            open_tx: None,
+            closed_at: None,
+            batch_lines: 0,
+            batch_rows: 0,
+            batch_opened: None,
+            warned: Default::default(),
+            cfg,
+        };
+        let exit = reader.cfg.exit_when_caught_up;
+        if dir {
+            let start = reader.cfg.start.clone();
+            if let Some(FilePosition { file: None, .. }) = start {
+                return Err(SourceError::new(format!(
+                    "the committed position {} was written while reading one file, and {} is a directory",
+                    start.unwrap().offset,
+                    reader.cfg.path.display()
+                )));
+            }
+            let files = list_dir(&reader.cfg.path)?;
+            let mut queue = Vec::new();
+            for (name, path) in files {
+                let size = if exit {
+                    Some(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0))
+                } else {
+                    None
+                };
+                match &start {
+                    Some(FilePosition { file: Some(f), .. }) if &name < f => continue,
+                    _ => queue.push((name, path, size)),
+                }
+            }
+            if let Some(FilePosition {
+                file: Some(f),
+                offset,
+            }) = &start
+            {
+                match queue.first() {
+                    Some((name, path, size)) if name == f => {
+                        let (name, path, size) = (name.clone(), path.clone(), *size);
+                        queue.remove(0);
+                        reader.current = Some(open_at(Some(name), &path, *offset, size)?);
+                    }
+                    _ => {
+                        return Err(SourceError::new(format!(
+                            "the committed position is in file {f}, which is no longer in {}",
+                            reader.cfg.path.display()
+                        )));
+                    }
+                }
+            }
+            reader.queue = queue;
+            reader.closed_at = reader.cfg.start.clone();
+        } else {
+            if let Some(FilePosition { file: Some(f), .. }) = &reader.cfg.start {
+                return Err(SourceError::new(format!(
+                    "the committed position names file {f}: it was written while reading a directory, and {} is a file",
+                    reader.cfg.path.display()
+                )));
+            }
+            let offset = reader.cfg.start.as_ref().map_or(0, |p| p.offset);
+            let stop_at = if exit { Some(meta.len()) } else { None };
+            let path = reader.cfg.path.clone();
+            reader.current = Some(open_at(None, &path, offset, stop_at)?);
+            reader.closed_at = Some(FilePosition { file: None, offset });
+        }
+        Ok(reader)
+    }
+
+    fn position_here(&self) -> Option<FilePosition> {
+        self.current.as_ref().map(|c| FilePosition {
+            file: c.name.clone(),
+            offset: c.offset,
+        })
+    }
+
+    /// Reads the next complete line into `line_buf`.
+    fn read_line(&mut self) -> Result<LineRead, SourceError> {
+        loop {
+            if self.current.is_none() {
+                if self.queue.is_empty() && self.dir && !self.cfg.exit_when_caught_up {
+                    // Tail a directory: pick up files added since.
+                    let last = self.closed_at.as_ref().and_then(|p| p.file.clone());
+                    for (name, path) in list_dir(&self.cfg.path)? {
+                        if last.as_ref().is_none_or(|l| &name > l) {
+                            self.queue.push((name, path, None));
+                        }
+                    }
+                }
+                if self.queue.is_empty() {
+                    return Ok(if self.cfg.exit_when_caught_up {
+                        LineRead::Done
+                    } else {
+                        LineRead::Wait
+                    });
+                }
+                let (name, path, size) = self.queue.remove(0);
+                self.current = Some(open_at(Some(name), &path, 0, size)?);
+            }
+            let cur = self.current.as_mut().expect("current file");
+            if let Some(stop) = cur.stop_at
+                && cur.offset >= stop
+            {
+                self.finish_file()?;
+                continue;
+            }
+            self.line_buf.clear();
+            let n = cur
+                .reader
+                .read_until(b'\n', &mut self.line_buf)
+                .map_err(|e| SourceError::new(format!("{}: {e}", cur.path.display())))?;
+            let complete = self.line_buf.last() == Some(&b'\n');
+            let at_stop = cur.stop_at.is_some_and(|s| cur.offset + n as u64 >= s);
+            if n > 0 && (complete || at_stop) {
+                cur.offset += n as u64;
+                cur.line += 1;
+                return Ok(LineRead::Line);
+            }
+            // A partial line (the writer is mid-line) or the end of the file.
+            if n > 0 {
+                cur.reader
+                    .seek(SeekFrom::Start(cur.offset))
+                    .map_err(|e| SourceError::new(e.to_string()))?;
+            }
+            if self.dir && !self.queue.is_empty() && n == 0 {
+                // A later file exists: this one is complete.
+                self.finish_file()?;
+                continue;
+            }
+            if self.dir && !self.cfg.exit_when_caught_up && n == 0 {
+                let last = cur.name.clone();
+                let newer = list_dir(&self.cfg.path)?
+                    .into_iter()
+                    .filter(|(name, _)| last.as_ref().is_none_or(|l| name > l))
+                    .collect::<Vec<_>>();
+                if !newer.is_empty() {
+                    self.queue
+                        .extend(newer.into_iter().map(|(n, p)| (n, p, None)));
+                    self.finish_file()?;
+                    continue;
+                }
+            }
+            return Ok(
+                if self.cfg.exit_when_caught_up && cur.stop_at.is_some_and(|s| cur.offset >= s) {
+                    LineRead::Done
+                } else {
+                    LineRead::Wait
+                },
+            );
+        }
+    }
+
+    /// The end of a file ends any transaction open in it.
+    fn finish_file(&mut self) -> Result<(), SourceError> {
+        if self.open_tx.is_some() {
+            self.close_transaction();
+        }
+        self.current = None;
+        Ok(())
+    }
+
+    fn close_transaction(&mut self) {
+        let Some(pos) = self.position_here() else {
+            return;
+        };
+        let text = Position::File(pos.clone()).to_string();
+        for t in &mut self.cfg.tables {
+            if t.decoder.open_rows() > 0 {
+                t.decoder.close_transaction(&text);
+            }
+        }
+        self.open_tx = None;
+        self.closed_at = Some(pos);
+    }
+
+    fn error_at(&self, message: impl std::fmt::Display) -> SourceError {
+        match &self.current {
+            Some(c) => SourceError::new(format!("{}:{}: {message}", c.path.display(), c.line)),
+            None => SourceError::new(message.to_string()),
+        }
+    }
+
+    /// Decodes the line in `line_buf`.
+    fn handle_line(&mut self) -> Result<(), SourceError> {
+        let text = std::str::from_utf8(&self.line_buf)
+            .map_err(|_| self.error_at("the line is not UTF-8"))?;
+        let text = text.trim();
+        self.batch_lines += 1;
+        if self.batch_opened.is_none() {
+            self.batch_opened = Some(Instant::now());
+        }
+        if text.is_empty() {
+            if self.open_tx.is_none() {
+                self.close_transaction();
+            }
+            return Ok(());
+        }
+        let env: Envelope = serde_json::from_str(text)
+            .map_err(|e| self.error_at(format!("malformed change event: {e}")))?;
+        let payload_env;
+        let env = match env.payload {
+            Some(p) => {
+                payload_env = serde_json::from_str::<Envelope>(p.get())
+                    .map_err(|e| self.error_at(format!("malformed change event payload: {e}")))?;
+                &payload_env
+            }
+            None => &env,
+        };
+        let tx_id: Option<String> = env
+            .transaction
+            .as_ref()
+            .and_then(|t| t.id)
+            .or(env.source.as_ref().and_then(|s| s.tx_id))
+            .map(|r| r.get().to_string())
+            .filter(|r| r != "null");
+        // A line of another transaction closes the open one at this line.
+        if self.open_tx.is_some() && self.open_tx != tx_id {
+            let line_start = {
+                let c = self.current.as_ref().expect("current");
+                FilePosition {
+                    file: c.name.clone(),
+                    offset: c.offset - self.line_buf.len() as u64,
+                }
+            };
+            let text_pos = Position::File(line_start.clone()).to_string();
+            for t in &mut self.cfg.tables {
+                if t.decoder.open_rows() > 0 {
+                    t.decoder.close_transaction(&text_pos);
+                }
+            }
+            self.open_tx = None;
+            self.closed_at = Some(line_start);
+        }
+        let Some(op) = env.op.as_deref() else {
+            return Err(self.error_at("change event without `op`"));
+        };
+        let Some(source) = &env.source else {
+            return Err(self.error_at("change event without `source`"));
+        };
+        let Some(table) = source.table.as_deref() else {
+            return Err(self.error_at("change event without `source.table`"));
+        };
+        let schema = source.schema.as_deref();
+        let commit_ts = source.ts_ms.map(|ms| ms * 1000);
+        let line = self.current.as_ref().map_or(0, |c| c.line);
+        let idx = self
+            .cfg
+            .tables
+            .iter()
+            .position(|t| match t.table.as_slice() {
+                [name] => name == table,
+                [s, name] => name == table && Some(s.as_str()) == schema,
+                _ => false,
+            });
+        if let Some(idx) = idx {
+            let (kind_images, snapshot): (Vec<(RowKind, Option<&RawValue>)>, bool) = match op {
+                "c" => (vec![(RowKind::Insert, env.after)], false),
+                "r" => (vec![(RowKind::Insert, env.after)], true),
+                "u" => {
+                    let mut v = Vec::new();
+                    if env.before.is_some() {
+                        v.push((RowKind::UpdateBefore, env.before));
+                    }
+                    v.push((RowKind::Update, env.after));
+                    (v, false)
+                }
+                "d" => (vec![(RowKind::Delete, env.before)], false),
+                other => return Err(self.error_at(format!("unknown op `{other}` (c, r, u, d)"))),
+            };
+            let table_name = self.cfg.tables[idx].table.join(".");
+            for (kind, image) in kind_images {
+                let Some(image) = image else {
+                    let which = if kind == RowKind::Delete {
+                        "before"
+                    } else {
+                        "after"
+                    };
+                    return Err(self.error_at(format!(
+                        "op `{op}` needs `{which}`, which is null or missing"
+                    )));
+                };
+                let commit = if snapshot { None } else { commit_ts };
+                let result = self.cfg.tables[idx]
+                    .decoder
+                    .append_row(image, kind, commit, snapshot, line);
+                if let Err(e) = result {
+                    return Err(self.error_at(format!("table {table_name}, {e}")));
+                }
+                self.batch_rows += 1;
+            }
+            let undeclared: Vec<String> = self.cfg.tables[idx].decoder.undeclared.clone();
+            for u in undeclared {
+                let key = format!("{table_name}.{u}");
+                if self.warned.insert(key) {
+                    tracing::warn!(table = %table_name, field = %u, "the data has a field the table declaration lacks; it is not read");
+                }
+            }
+        }
+        match tx_id {
+            Some(id) => self.open_tx = Some(id),
+            None => self.close_transaction(),
+        }
+        Ok(())
+    }
+
+    /// Takes the closed transactions as a batch.
+    fn take_batch(&mut self) -> Result<Option<SourceBatch>, SourceError> {
+        let Some(end) = self.closed_at.clone() else {
+            return Ok(None);
+        };
+        let ingest = chrono::Utc::now().timestamp_micros();
+        let mut tables = Vec::new();
+        for t in &mut self.cfg.tables {
+            if t.decoder.rows() > 0 {
+                let batch = t.decoder.finish(ingest).map_err(|e| {
+                    SourceError::new(format!(
+                        "{}: table {}, {e}",
+                        self.cfg.path.display(),
+                        t.table.join(".")
+                    ))
+                })?;
+                tables.push(TableChanges {
+                    table: t.table.clone(),
+                    batch,
+                });
+            }
+        }
+        self.batch_lines = 0;
+        self.batch_rows = 0;
+        self.batch_opened = None;
+        Ok(Some(SourceBatch {
+            tables,
+            end: Position::File(end),
+        }))
+    }
+
+    fn pending(&self) -> bool {
+        self.batch_lines > 0 && self.open_tx.is_none()
+    }
+}
+
+/// Runs the reader on the calling (blocking) thread until the input is
+/// caught up (exit mode), `stop` is set, or the receiver is gone.
+pub fn run_reader(
+    cfg: ReaderConfig,
+    tx: mpsc::Sender<Result<SourceBatch, SourceError>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut reader = match Reader::new(cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = tx.blocking_send(Err(e));
+            return;
+        }
+    };
+    let poll = reader
+        .cfg
+        .policy
+        .max_interval
+        .min(Duration::from_millis(50))
+        .max(Duration::from_millis(5));
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let read = match reader.read_line() {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        };
+        match read {
+            LineRead::Line => {
+                if let Err(e) = reader.handle_line() {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+                let at_boundary = reader.open_tx.is_none();
+                if at_boundary
+                    && reader.cfg.policy.should_close(
+                        reader.batch_lines.max(reader.batch_rows),
+                        reader.batch_opened,
+                    )
+                {
+                    match reader.take_batch() {
+                        Ok(Some(b)) => {
+                            if tx.blocking_send(Ok(b)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e));
+                            return;
+                        }
+                    }
+                }
+            }
+            LineRead::Wait => {
+                if reader.pending()
+                    && reader
+                        .cfg
+                        .policy
+                        .should_close(reader.batch_lines, reader.batch_opened)
+                {
+                    match reader.take_batch() {
+                        Ok(Some(b)) => {
+                            if tx.blocking_send(Ok(b)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e));
+                            return;
+                        }
+                    }
+                } else {
+                    std::thread::sleep(poll);
+                }
+            }
+            LineRead::Done => {
+                if reader.open_tx.is_some() {
+                    reader.close_transaction();
+                }
+                if reader.batch_lines > 0 {
+                    match reader.take_batch() {
+                        Ok(Some(b)) => {
+                            let _ = tx.blocking_send(Ok(b));
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e));
+                        }
+                    }
+                }
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! The target a route writes: its columns with canonical types, key, write
+//! mode and partitioning — what a sink's `ensure_table` creates or validates.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{Field, Schema, SchemaRef};
+
+use crate::partition::PartitionField;
+use crate::spec::WriteMode;
+use crate::types::CanonicalType;
+
+/// Where a target column comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ColumnOrigin {
+    /// A data column (an expression over source data columns).
+    Data,
+    /// A metadata column, by catalog name (`commit_ts`).
+    Metadata(String),
+}
+
+/// One column of a target table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetColumn {
+    pub name: String,
+    pub ty: CanonicalType,
+    pub nullable: bool,
+    pub origin: ColumnOrigin,
+}
+
+/// A route's target table, as the sink must hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetTable {
+    /// The table's name inside the sink (`bronze.orders` or `orders`).
+    pub name: Vec<String>,
+    /// Data columns first, then metadata columns in selected order.
+    pub columns: Vec<TargetColumn>,
+    /// Key column names (empty for append routes without a key).
+    pub key: Vec<String>,
+    pub mode: WriteMode,
+    pub partition_by: Vec<PartitionField>,
+    /// Workers that split the key space (1 = collapsed).
+    pub workers: u32,
+}
+
+impl TargetTable {
+    /// Dotted name for messages.
+    pub fn display_name(&self) -> String {
+        self.name.join(".")
+    }
+
+    /// The Arrow schema of the rows a sink receives.
+    pub fn arrow_schema(&self) -> SchemaRef {
+        Arc::new(Schema::new(
+            self.columns
+                .iter()
+                .map(|c| Field::new(&c.name, c.ty.arrow_type(), c.nullable))
+                .collect::<Vec<_>>(),
+        ))
+    }
+
+    /// Index of the key columns in [`Self::columns`].
+    pub fn key_indices(&self) -> Vec<usize> {
+        self.key
+            .iter()
+            .filter_map(|k| self.columns.iter().position(|c| &c.name == k))
+            .collect()
+    }
+}

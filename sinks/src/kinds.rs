@@ -1,0 +1,288 @@
+//! The option schemas and rules of the Iceberg, ClickHouse and Couchbase
+//! sinks. Their writers are built in their own issues; until then a
+//! pipeline using one validates and plans, and `run` stops at
+//! `ensure_table` with a clear message instead of pretending to write.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use urutau_planner::diagnostic::{Diagnostic, Diagnostics};
+use urutau_planner::options::{OptionDef, OptionType};
+use urutau_planner::registry::{SinkKindDef, SinkProvider};
+use urutau_planner::sink::{Sink, SinkBatch, SinkError};
+use urutau_planner::spec::{RouteSpec, SinkSpec, WriteMode};
+use urutau_planner::target::TargetTable;
+
+const ALL_MODES: &[WriteMode] = &[
+    WriteMode::Upsert,
+    WriteMode::Append,
+    WriteMode::AppendIdempotent,
+];
+
+fn iceberg_options() -> Vec<OptionDef> {
+    use OptionType as T;
+    vec![
+        OptionDef::new(
+            "catalog",
+            T::Enum(&["sql", "rest"]),
+            "sql (SQLite or Postgres catalog; the embedded default) | rest",
+        )
+        .default("sql"),
+        OptionDef::new(
+            "uri",
+            T::String,
+            "sql: sqlite://path or postgres://...; rest: http(s)://host/path",
+        )
+        .required(),
+        OptionDef::new(
+            "warehouse",
+            T::String,
+            "local path or s3://bucket/prefix (rest: the catalog's warehouse)",
+        ),
+        OptionDef::new("namespace", T::String, "namespace of one-part target names").required(),
+        OptionDef::new("client_id", T::String, "REST: OAuth2 client id"),
+        OptionDef::new("client_secret", T::String, "REST: OAuth2 client secret").secret(),
+        OptionDef::new("scope", T::String, "REST: OAuth2 scope"),
+        OptionDef::new(
+            "token",
+            T::String,
+            "REST: a bearer token instead of client credentials",
+        )
+        .secret(),
+        OptionDef::new(
+            "s3_endpoint",
+            T::String,
+            "S3 endpoint (MinIO, SeaweedFS, ...)",
+        ),
+        OptionDef::new("s3_region", T::String, "S3 region"),
+        OptionDef::new("s3_path_style", T::Bool, "S3 path-style addressing"),
+        OptionDef::new(
+            "s3_access_key_id",
+            T::String,
+            "S3 access key (default: AWS_ACCESS_KEY_ID)",
+        )
+        .secret(),
+        OptionDef::new(
+            "s3_secret_access_key",
+            T::String,
+            "S3 secret key (default: AWS_SECRET_ACCESS_KEY)",
+        )
+        .secret(),
+        OptionDef::new(
+            "evolve_schema",
+            T::Bool,
+            "add new source columns to the table",
+        ),
+        OptionDef::new("target_file_size", T::Size, "data file size to aim for"),
+        OptionDef::new("maintenance_enabled", T::Bool, "run table maintenance"),
+        OptionDef::new(
+            "maintenance_compaction_interval",
+            T::Duration,
+            "how often to compact",
+        ),
+        OptionDef::new(
+            "maintenance_compaction_target_file_size",
+            T::Size,
+            "compacted file size",
+        ),
+        OptionDef::new(
+            "maintenance_compaction_min_input_files",
+            T::Int {
+                min: 2,
+                max: 100_000,
+            },
+            "files a partition group needs before it is compacted",
+        ),
+        OptionDef::new(
+            "maintenance_snapshot_expiry_interval",
+            T::Duration,
+            "how often to expire snapshots",
+        ),
+        OptionDef::new(
+            "maintenance_snapshot_expiry_retain_last",
+            T::Int {
+                min: 1,
+                max: 1_000_000,
+            },
+            "snapshots always kept",
+        ),
+        OptionDef::new(
+            "maintenance_snapshot_expiry_max_age",
+            T::Duration,
+            "snapshots older than this expire (bounds how long a stopped pipeline can resume)",
+        ),
+        OptionDef::new(
+            "maintenance_orphan_cleanup_interval",
+            T::Duration,
+            "how often to remove orphan files",
+        ),
+        OptionDef::new(
+            "maintenance_orphan_cleanup_older_than",
+            T::Duration,
+            "only files older than this are orphans",
+        ),
+    ]
+}
+
+fn clickhouse_options() -> Vec<OptionDef> {
+    use OptionType as T;
+    vec![
+        OptionDef::new("uri", T::String, "http://host:8123").required(),
+        OptionDef::new("database", T::String, "database of one-part target names")
+            .aliases(&["namespace"])
+            .default("default"),
+        OptionDef::new("user", T::String, "user name"),
+        OptionDef::new("password", T::String, "password").secret(),
+    ]
+}
+
+fn couchbase_options() -> Vec<OptionDef> {
+    use OptionType as T;
+    vec![
+        OptionDef::new("uri", T::String, "couchbase://host").required(),
+        OptionDef::new("bucket", T::String, "the bucket (collections are tables)")
+            .aliases(&["namespace"])
+            .required(),
+        OptionDef::new("username", T::String, "user name"),
+        OptionDef::new("password", T::String, "password").secret(),
+        OptionDef::new(
+            "commit_mode",
+            T::Enum(&["fast", "atomic"]),
+            "fast: data then control document; atomic: one distributed transaction",
+        )
+        .default("fast"),
+    ]
+}
+
+/// Couchbase: a partitioned table's workers share one control document,
+/// which only an atomic commit updates safely.
+fn couchbase_partitioned_needs_atomic(
+    sink: &SinkSpec,
+    route: &RouteSpec,
+    workers: u32,
+    d: &mut Diagnostics,
+) {
+    if workers > 1 && sink.options.get("commit_mode") != Some("atomic") {
+        let span = route
+            .options
+            .entry("workers")
+            .map_or(route.span, |e| e.value_span);
+        d.push(
+            Diagnostic::error(
+                span,
+                format!(
+                    "route {} has workers = {workers}, and sink `{}` (couchbase) commits in fast mode",
+                    route.display_name(),
+                    sink.name
+                ),
+            )
+            .with_rule("partitioned Couchbase tables (workers > 1) require commit_mode = 'atomic': fast mode rewrites the control document outside a transaction, so workers lose each other's positions")
+            .with_help("set commit_mode = 'atomic' on the sink, or workers = 1"),
+        );
+    }
+}
+
+/// The kinds whose writers are not in this build yet.
+pub fn planned_kinds() -> Vec<Arc<dyn SinkProvider>> {
+    vec![
+        Arc::new(NotBuiltProvider {
+            def: SinkKindDef {
+                name: "iceberg",
+                exec_name: "IcebergSinkExec",
+                doc: "Apache Iceberg: upsert by equality delete, position in the table",
+                options: iceberg_options(),
+                maintenance: true,
+                partitioning: true,
+                partitioning_warning: None,
+                partitioned_tables: true,
+                write_modes: ALL_MODES,
+                namespace_option: Some("namespace"),
+                route_rules: vec![],
+            },
+        }),
+        Arc::new(NotBuiltProvider {
+            def: SinkKindDef {
+                name: "clickhouse",
+                exec_name: "ClickHouseSinkExec",
+                doc: "ClickHouse: ReplacingMergeTree upserts, position in the data",
+                options: clickhouse_options(),
+                maintenance: false,
+                partitioning: true,
+                partitioning_warning: Some(
+                    "partition_by on ClickHouse makes a batch atomic per partition only: a batch crossing partitions commits as several parts",
+                ),
+                partitioned_tables: true,
+                write_modes: ALL_MODES,
+                namespace_option: Some("database"),
+                route_rules: vec![],
+            },
+        }),
+        Arc::new(NotBuiltProvider {
+            def: SinkKindDef {
+                name: "couchbase",
+                exec_name: "CouchbaseSinkExec",
+                doc: "Couchbase: key-document upserts, a control document per collection",
+                options: couchbase_options(),
+                maintenance: false,
+                partitioning: false,
+                partitioning_warning: None,
+                partitioned_tables: true,
+                write_modes: ALL_MODES,
+                namespace_option: None,
+                route_rules: vec![couchbase_partitioned_needs_atomic],
+            },
+        }),
+    ]
+}
+
+struct NotBuiltProvider {
+    def: SinkKindDef,
+}
+
+impl SinkProvider for NotBuiltProvider {
+    fn def(&self) -> &SinkKindDef {
+        &self.def
+    }
+
+    fn open(&self, spec: &SinkSpec) -> Result<Arc<dyn Sink>, SinkError> {
+        Ok(Arc::new(NotBuiltSink {
+            kind: self.def.name,
+            name: spec.name.name.clone(),
+        }))
+    }
+}
+
+/// Stands for a sink whose writer is not in this build: every call fails
+/// with that message, before anything is written.
+#[derive(Debug)]
+struct NotBuiltSink {
+    kind: &'static str,
+    name: String,
+}
+
+impl NotBuiltSink {
+    fn error(&self) -> SinkError {
+        SinkError::Unavailable(format!(
+            "sink `{}`: the {} sink's writer is not in this build yet; `validate` and `plan` work, `run` cannot",
+            self.name, self.kind
+        ))
+    }
+}
+
+#[async_trait]
+impl Sink for NotBuiltSink {
+    async fn ensure_table(&self, _table: &TargetTable) -> Result<(), SinkError> {
+        Err(self.error())
+    }
+    async fn committed_position(&self, _table: &TargetTable) -> Result<Option<String>, SinkError> {
+        Err(self.error())
+    }
+    async fn commit(
+        &self,
+        _table: &TargetTable,
+        _batch: &SinkBatch,
+        _position: &str,
+    ) -> Result<(), SinkError> {
+        Err(self.error())
+    }
+}

@@ -1,0 +1,26 @@
+//! urutau's sinks: each implements the planner's
+//! [`Sink`](urutau_planner::sink::Sink) contract and registers its kind
+//! (options, capabilities) so pipelines can be validated and planned.
+//!
+//! - `debug`: prints each committed batch as a table (experiments).
+//! - `memory`: holds tables in process memory (engine tests).
+//! - `iceberg`, `clickhouse`, `couchbase`: their option schemas and rules are
+//!   registered so pipelines validate and plan; their writers are not in
+//!   this build yet, and running one fails with that message.
+
+pub mod debug;
+pub mod kinds;
+pub mod memory;
+
+use std::sync::Arc;
+
+use urutau_planner::registry::Registry;
+
+/// Registers every sink kind.
+pub fn register(registry: &mut Registry) {
+    registry.register_sink(Arc::new(debug::DebugSinkProvider::new()));
+    registry.register_sink(Arc::new(memory::MemorySinkProvider::new()));
+    for p in kinds::planned_kinds() {
+        registry.register_sink(p);
+    }
+}

@@ -1,0 +1,116 @@
+//! The `urutau` command: parse arguments, call the crates.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Change-data-capture into Iceberg, ClickHouse and Couchbase, planned with
+/// Apache DataFusion.
+#[derive(Parser, Debug)]
+#[command(name = "urutau", version, about, disable_version_flag = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log level (error, warn, info, debug, trace) or a tracing filter.
+    #[arg(long, global = true, default_value = "info", env = "URUTAU_LOG")]
+    log_level: String,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a pipeline: resume every table from its sink and replicate.
+    Run {
+        /// The pipeline file (.sql or .yaml).
+        file: PathBuf,
+        /// Exit once everything the sources held at start is committed.
+        #[arg(long)]
+        exit_when_caught_up: bool,
+    },
+    /// Show what a pipeline means: its tables, or with --explain the
+    /// DataFusion plans of every route.
+    Plan {
+        file: PathBuf,
+        /// Print the logical and physical plan of every route.
+        #[arg(long)]
+        explain: bool,
+        /// How physical plans are drawn.
+        #[arg(long, value_enum, default_value_t = PlanFormat::Indent)]
+        format: PlanFormat,
+    },
+    /// Check a pipeline without running it (exit 2 when it is invalid).
+    Validate { file: PathBuf },
+    /// Print the version.
+    Version,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum PlanFormat {
+    Indent,
+    Tree,
+}
+
+fn init_logging(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_level, cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Run {
+                file,
+                exit_when_caught_up,
+            } => commands::run(&file, exit_when_caught_up).await,
+            Command::Plan {
+                file,
+                explain,
+                format,
+            } => {
+                let format = match format {
+                    PlanFormat::Indent => urutau_planner::plan::ExplainFormat::Indent,
+                    PlanFormat::Tree => urutau_planner::plan::ExplainFormat::Tree,
+                };
+                commands::plan(&file, explain, format).await
+            }
+            Command::Validate { file } => commands::validate(&file).await,
+            Command::Version => {
+                println!("urutau {}", env!("CARGO_PKG_VERSION"));
+                0
+            }
+        }
+    });
+    ExitCode::from(code)
+}
