@@ -129,7 +129,9 @@ pub fn check_cast(from: &CanonicalType, to: &CanonicalType) -> Result<CastPlan, 
         return Ok(CastPlan::Bypass);
     }
     let fk = from.kind();
-    let textual = matches!(fk, Kind::String | Kind::Json | Kind::Uuid);
+    // Only plain text is ever "parsed"; uuid and json text have no
+    // conversion to other kinds at all.
+    let textual = fk == Kind::String;
     match to {
         T::Unknown(_) => reject(CastRule::Incompatible),
         T::String => match fk {
@@ -143,7 +145,7 @@ pub fn check_cast(from: &CanonicalType, to: &CanonicalType) -> Result<CastPlan, 
             _ => reject(CastRule::Incompatible),
         },
         T::Uuid => match fk {
-            Kind::String | Kind::Json => reject(CastRule::Parsing),
+            Kind::String => reject(CastRule::Parsing),
             _ => reject(CastRule::Incompatible),
         },
         T::Bool => {

@@ -8,53 +8,83 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use arrow::array::Array;
+use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use arrow::util::display::array_value_to_string;
+use arrow_row::{RowConverter, SortField};
 use async_trait::async_trait;
-use datafusion::common::ScalarValue;
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SinkKindDef, SinkProvider};
 use urutau_planner::sink::{Sink, SinkBatch, SinkError};
 use urutau_planner::spec::{SinkSpec, WriteMode};
 use urutau_planner::target::TargetTable;
 
-/// One table of a store.
-#[derive(Debug, Clone, Default)]
-pub struct MemoryTable {
-    pub schema: Option<SchemaRef>,
-    pub mode: Option<WriteMode>,
-    /// Upsert tables: key -> row.
-    pub rows: HashMap<Vec<ScalarValue>, Vec<ScalarValue>>,
-    /// Append tables: every row, in commit order.
-    pub appended: Vec<Vec<ScalarValue>>,
+/// One table of a store. Rows stay in the batches they were committed in;
+/// an upsert table indexes the live row of each key.
+#[derive(Debug, Default)]
+struct MemoryTable {
+    schema: Option<SchemaRef>,
+    mode: Option<WriteMode>,
+    batches: Vec<RecordBatch>,
+    /// Upsert: key (row format) -> (batch, row) of its live image.
+    live: HashMap<Box<[u8]>, (u32, u32)>,
+    position: Option<String>,
+    commits: Vec<(String, usize, usize)>,
+}
+
+/// What a table holds, as text, for tests to compare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSnapshot {
+    pub columns: Vec<String>,
+    /// Upsert tables: live rows sorted; append tables: every row in commit
+    /// order. NULL renders as `NULL`.
+    pub rows: Vec<Vec<String>>,
     pub position: Option<String>,
     /// Every commit: (position, rows, deletes).
     pub commits: Vec<(String, usize, usize)>,
 }
 
-impl MemoryTable {
-    /// The table's rows as text (NULL as `NULL`), sorted: upsert tables
-    /// by content, append tables in commit order.
-    pub fn text_rows(&self) -> Vec<Vec<String>> {
-        let show = |row: &Vec<ScalarValue>| -> Vec<String> {
-            row.iter()
-                .map(|v| {
-                    if v.is_null() {
-                        "NULL".to_string()
-                    } else {
-                        v.to_string()
-                    }
-                })
-                .collect()
-        };
-        match self.mode {
-            Some(WriteMode::Upsert) => {
-                let mut out: Vec<Vec<String>> = self.rows.values().map(show).collect();
-                out.sort();
-                out
+fn row_text(batch: &RecordBatch, row: usize) -> Vec<String> {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            if c.is_null(row) {
+                "NULL".to_string()
+            } else {
+                array_value_to_string(c, row).unwrap_or_else(|e| format!("<{e}>"))
             }
-            _ => self.appended.iter().map(show).collect(),
+        })
+        .collect()
+}
+
+impl MemoryTable {
+    fn snapshot(&self) -> TableSnapshot {
+        let rows = match self.mode {
+            Some(WriteMode::Upsert) => {
+                let mut rows: Vec<Vec<String>> = self
+                    .live
+                    .values()
+                    .map(|(b, r)| row_text(&self.batches[*b as usize], *r as usize))
+                    .collect();
+                rows.sort();
+                rows
+            }
+            _ => self
+                .batches
+                .iter()
+                .flat_map(|b| (0..b.num_rows()).map(move |r| row_text(b, r)))
+                .collect(),
+        };
+        TableSnapshot {
+            columns: self
+                .schema
+                .as_ref()
+                .map(|s| s.fields().iter().map(|f| f.name().clone()).collect())
+                .unwrap_or_default(),
+            rows,
+            position: self.position.clone(),
+            commits: self.commits.clone(),
         }
     }
 }
@@ -95,9 +125,9 @@ impl MemoryStore {
         STORES.lock().expect("stores lock").remove(name);
     }
 
-    /// A copy of a table (dotted name).
-    pub fn table(&self, name: &str) -> Option<MemoryTable> {
-        self.tables.lock().expect("tables lock").get(name).cloned()
+    /// What a table (dotted name) holds.
+    pub fn table(&self, name: &str) -> Option<TableSnapshot> {
+        self.tables.lock().expect("tables lock").get(name).map(MemoryTable::snapshot)
     }
 
     pub fn set_faults(&self, faults: Faults) {
@@ -156,15 +186,6 @@ impl SinkProvider for MemorySinkProvider {
 #[derive(Debug)]
 pub struct MemorySink {
     store: Arc<MemoryStore>,
-}
-
-fn row_at(batch: &SinkBatch, i: usize) -> Result<Vec<ScalarValue>, SinkError> {
-    batch
-        .rows
-        .columns()
-        .iter()
-        .map(|c| ScalarValue::try_from_array(c, i).map_err(|e| SinkError::Io(e.to_string())))
-        .collect()
 }
 
 #[async_trait]
@@ -240,29 +261,42 @@ impl Sink for MemorySink {
                 }
             }
         }
-        // Build the new state first: a failure leaves the table untouched.
-        let key_idx = table.key_indices();
-        let mut rows = Vec::with_capacity(batch.rows.num_rows());
-        for i in 0..batch.rows.num_rows() {
-            rows.push((row_at(batch, i)?, batch.deletes.value(i)));
-        }
+        // Compute everything first: a failure leaves the table untouched.
+        let keys = if table.mode == WriteMode::Upsert {
+            let columns: Vec<_> = table
+                .key_indices()
+                .iter()
+                .map(|i| Arc::clone(batch.rows.column(*i)))
+                .collect();
+            let converter = RowConverter::new(
+                columns
+                    .iter()
+                    .map(|c| SortField::new(c.data_type().clone()))
+                    .collect(),
+            )
+            .map_err(|e| SinkError::Io(e.to_string()))?;
+            let rows = converter
+                .convert_columns(&columns)
+                .map_err(|e| SinkError::Io(e.to_string()))?;
+            (0..rows.num_rows())
+                .map(|i| Box::<[u8]>::from(rows.row(i).data()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut tables = self.store.tables.lock().expect("tables lock");
         let t = tables.entry(table.display_name()).or_default();
-        match table.mode {
-            WriteMode::Upsert => {
-                for (row, delete) in rows {
-                    let key: Vec<ScalarValue> = key_idx.iter().map(|k| row[*k].clone()).collect();
-                    if delete {
-                        t.rows.remove(&key);
-                    } else {
-                        t.rows.insert(key, row);
-                    }
+        let batch_id = t.batches.len() as u32;
+        if table.mode == WriteMode::Upsert {
+            for (i, key) in keys.into_iter().enumerate() {
+                if batch.deletes.value(i) {
+                    t.live.remove(&key);
+                } else {
+                    t.live.insert(key, (batch_id, i as u32));
                 }
             }
-            WriteMode::Append | WriteMode::AppendIdempotent => {
-                t.appended.extend(rows.into_iter().map(|(r, _)| r));
-            }
         }
+        t.batches.push(batch.rows.clone());
         t.position = Some(position.to_string());
         t.commits.push((
             position.to_string(),
