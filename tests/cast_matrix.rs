@@ -9,9 +9,9 @@ mod common;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, FixedSizeBinaryArray, Float32Array,
-    Float64Array, Int32Array, Int64Array, RecordBatch, StringArray, Time64MicrosecondArray,
-    TimestampMicrosecondArray, UInt64Array,
+    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, FixedSizeBinaryArray,
+    Float32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    Time64MicrosecondArray, TimestampMicrosecondArray, UInt64Array,
 };
 use futures::StreamExt;
 use urutau_planner::context;
@@ -84,33 +84,112 @@ const T_MAX: i64 = 253_402_300_799_999_999; // 9999-12-31T23:59:59.999999
 fn edge(kind: Kind) -> ArrayRef {
     match kind {
         Kind::Bool => Arc::new(BooleanArray::from(vec![Some(true), Some(false), None])),
-        Kind::Int32 => Arc::new(Int32Array::from(vec![Some(i32::MIN), Some(-1), Some(0), Some(i32::MAX), None])),
-        Kind::Int64 => Arc::new(Int64Array::from(vec![Some(i64::MIN), Some(-1), Some(0), Some(i64::MAX), None])),
-        Kind::UInt64 => Arc::new(UInt64Array::from(vec![Some(0), Some(1 << 63), Some(u64::MAX), None])),
-        Kind::Float32 => Arc::new(Float32Array::from(vec![Some(-0.0), Some(0.1), Some(f32::MIN), Some(16_777_217.0), None])),
-        Kind::Float64 => Arc::new(Float64Array::from(vec![Some(-0.0), Some(0.1), Some(f64::MAX), Some(5e-324), None])),
+        Kind::Int32 => Arc::new(Int32Array::from(vec![
+            Some(i32::MIN),
+            Some(-1),
+            Some(0),
+            Some(i32::MAX),
+            None,
+        ])),
+        Kind::Int64 => Arc::new(Int64Array::from(vec![
+            Some(i64::MIN),
+            Some(-1),
+            Some(0),
+            Some(i64::MAX),
+            None,
+        ])),
+        Kind::UInt64 => Arc::new(UInt64Array::from(vec![
+            Some(0),
+            Some(1 << 63),
+            Some(u64::MAX),
+            None,
+        ])),
+        Kind::Float32 => Arc::new(Float32Array::from(vec![
+            Some(-0.0),
+            Some(0.1),
+            Some(f32::MIN),
+            Some(16_777_217.0),
+            None,
+        ])),
+        Kind::Float64 => Arc::new(Float64Array::from(vec![
+            Some(-0.0),
+            Some(0.1),
+            Some(f64::MAX),
+            Some(5e-324),
+            None,
+        ])),
         Kind::Decimal => Arc::new(
-            Decimal128Array::from(vec![Some(-9_999_999_999), Some(-1), Some(0), Some(9_999_999_999), None])
-                .with_precision_and_scale(10, 2)
-                .unwrap(),
+            Decimal128Array::from(vec![
+                Some(-9_999_999_999),
+                Some(-1),
+                Some(0),
+                Some(9_999_999_999),
+                None,
+            ])
+            .with_precision_and_scale(10, 2)
+            .unwrap(),
         ),
-        Kind::String => Arc::new(StringArray::from(vec![Some(""), Some("héllo"), Some("12"), None])),
-        Kind::Binary => Arc::new(BinaryArray::from(vec![Some(&[0u8, 0xff][..]), Some(&[][..]), None])),
+        Kind::String => Arc::new(StringArray::from(vec![
+            Some(""),
+            Some("héllo"),
+            Some("12"),
+            None,
+        ])),
+        Kind::Binary => Arc::new(BinaryArray::from(vec![
+            Some(&[0u8, 0xff][..]),
+            Some(&[][..]),
+            None,
+        ])),
         Kind::Fixed => Arc::new(
             FixedSizeBinaryArray::try_from_sparse_iter_with_size(
-                vec![Some(vec![0xde, 0xad, 0xbe, 0xef]), Some(vec![0, 0, 0, 0]), None].into_iter(),
+                vec![
+                    Some(vec![0xde, 0xad, 0xbe, 0xef]),
+                    Some(vec![0, 0, 0, 0]),
+                    None,
+                ]
+                .into_iter(),
                 4,
             )
             .unwrap(),
         ),
-        Kind::Date => Arc::new(Date32Array::from(vec![Some(-719_162), Some(-1), Some(0), Some(2_932_896), None])),
-        Kind::Time => Arc::new(Time64MicrosecondArray::from(vec![Some(0), Some(86_399_999_999), None])),
-        Kind::Timestamp => Arc::new(TimestampMicrosecondArray::from(vec![Some(T_MIN), Some(-1), Some(0), Some(T_MAX), None])),
+        Kind::Date => Arc::new(Date32Array::from(vec![
+            Some(-719_162),
+            Some(-1),
+            Some(0),
+            Some(2_932_896),
+            None,
+        ])),
+        Kind::Time => Arc::new(Time64MicrosecondArray::from(vec![
+            Some(0),
+            Some(86_399_999_999),
+            None,
+        ])),
+        Kind::Timestamp => Arc::new(TimestampMicrosecondArray::from(vec![
+            Some(T_MIN),
+            Some(-1),
+            Some(0),
+            Some(T_MAX),
+            None,
+        ])),
         Kind::TimestampTz => Arc::new(
-            TimestampMicrosecondArray::from(vec![Some(T_MIN), Some(-1), Some(0), Some(T_MAX), None]).with_timezone("UTC"),
+            TimestampMicrosecondArray::from(vec![
+                Some(T_MIN),
+                Some(-1),
+                Some(0),
+                Some(T_MAX),
+                None,
+            ])
+            .with_timezone("UTC"),
         ),
-        Kind::Uuid => Arc::new(StringArray::from(vec![Some("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"), None])),
-        Kind::Json => Arc::new(StringArray::from(vec![Some("{\"a\":[1,2]}"), Some("null"), None])),
+        Kind::Uuid => Arc::new(StringArray::from(vec![
+            Some("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+            None,
+        ])),
+        Kind::Json => Arc::new(StringArray::from(vec![
+            Some("{\"a\":[1,2]}"),
+            Some("null"),
+            None,
+        ])),
         other => panic!("not scalar: {other}"),
     }
 }
@@ -125,15 +204,33 @@ fn expected(from: Kind, to: Kind) -> Option<Vec<&'static str>> {
         (K::Int32, K::Float64) => vec!["-2147483648.0", "-1.0", "0.0", "2147483647.0", "NULL"],
         (K::Int32, K::Decimal) => vec!["-2147483648.00", "-1.00", "0.00", "2147483647.00", "NULL"],
         (K::Int32, K::String) => vec!["-2147483648", "-1", "0", "2147483647", "NULL"],
-        (K::Int64, K::String) => vec!["-9223372036854775808", "-1", "0", "9223372036854775807", "NULL"],
+        (K::Int64, K::String) => vec![
+            "-9223372036854775808",
+            "-1",
+            "0",
+            "9223372036854775807",
+            "NULL",
+        ],
         (K::UInt64, K::String) => vec!["0", "9223372036854775808", "18446744073709551615", "NULL"],
-        (K::Float32, K::Float64) => vec!["-0.0", "0.10000000149011612", "-3.4028234663852886e38", "16777216.0", "NULL"],
+        (K::Float32, K::Float64) => vec![
+            "-0.0",
+            "0.10000000149011612",
+            "-3.4028234663852886e38",
+            "16777216.0",
+            "NULL",
+        ],
         (K::Float32, K::String) => vec!["-0.0", "0.1", "-3.4028235e38", "16777216.0", "NULL"],
         (K::Float64, K::String) => vec!["-0.0", "0.1", "1.7976931348623157e308", "5e-324", "NULL"],
         (K::Decimal, K::Decimal) => vec!["-99999999.99", "-0.01", "0.00", "99999999.99", "NULL"],
         (K::Decimal, K::String) => vec!["-99999999.99", "-0.01", "0.00", "99999999.99", "NULL"],
         (K::Fixed, K::Binary) => vec!["deadbeef", "00000000", "NULL"],
-        (K::Date, K::String) => vec!["0001-01-01", "1969-12-31", "1970-01-01", "9999-12-31", "NULL"],
+        (K::Date, K::String) => vec![
+            "0001-01-01",
+            "1969-12-31",
+            "1970-01-01",
+            "9999-12-31",
+            "NULL",
+        ],
         (K::Date, K::Timestamp) => vec![
             "0001-01-01T00:00:00",
             "1969-12-31T00:00:00",
@@ -180,22 +277,40 @@ fn pipeline(store: &str, from_type: &str, select: &str) -> String {
 
 /// Runs `values` through the planned route and returns what the sink holds
 /// in column `c`.
-async fn run_route(plan: &urutau_planner::plan::PipelinePlan, store: &str, values: ArrayRef) -> Result<Vec<String>, String> {
+async fn run_route(
+    plan: &urutau_planner::plan::PipelinePlan,
+    store: &str,
+    values: ArrayRef,
+) -> Result<Vec<String>, String> {
     let route = &plan.routes[0];
-    route.sink.ensure_table(&route.target).await.map_err(|e| e.to_string())?;
+    route
+        .sink
+        .ensure_table(&route.target)
+        .await
+        .map_err(|e| e.to_string())?;
     let n = values.len();
     let schema = Arc::clone(&route.bound.scan_schema);
-    let mut columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from_iter_values(0..n as i64)), values];
+    let mut columns: Vec<ArrayRef> =
+        vec![Arc::new(Int64Array::from_iter_values(0..n as i64)), values];
     columns.push(Arc::new(StringArray::from(vec![context::OP_INSERT; n])));
     columns.push(Arc::new(BooleanArray::from(vec![false; n])));
     columns.push(Arc::new(StringArray::from(vec!["1"; n])));
-    columns.push(Arc::new(TimestampMicrosecondArray::from(vec![None; n]).with_timezone("UTC")));
-    columns.push(Arc::new(TimestampMicrosecondArray::from(vec![0; n]).with_timezone("UTC")));
+    columns.push(Arc::new(
+        TimestampMicrosecondArray::from(vec![None; n]).with_timezone("UTC"),
+    ));
+    columns.push(Arc::new(
+        TimestampMicrosecondArray::from(vec![0; n]).with_timezone("UTC"),
+    ));
     columns.push(Arc::new(StringArray::from(vec![context::PHASE_STREAM; n])));
     columns.push(Arc::new(StringArray::from(vec!["t"; n])));
     let batch = RecordBatch::try_new(schema, columns).map_err(|e| e.to_string())?;
     let tx = route.feed.connect(1);
-    tx.send(RouteBatch { batch, end: "1".into() }).await.unwrap();
+    tx.send(RouteBatch {
+        batch,
+        end: "1".into(),
+    })
+    .await
+    .unwrap();
     drop(tx);
     let mut stream = route
         .physical
@@ -225,25 +340,41 @@ async fn every_pair_of_scalar_kinds() {
     let mut failures = Vec::new();
     let mut accepted = 0;
     for (fi, from) in Kind::SCALARS.iter().enumerate() {
-        let letters: Vec<char> = MATRIX[fi].split_whitespace().map(|s| s.chars().next().unwrap()).collect();
+        let letters: Vec<char> = MATRIX[fi]
+            .split_whitespace()
+            .map(|s| s.chars().next().unwrap())
+            .collect();
         assert_eq!(letters.len(), 16);
         for (ti, to) in Kind::SCALARS.iter().enumerate() {
             let letter = letters[ti];
             let store = common::unique("cast");
-            let text = pipeline(&store, sql_type(*from, false), &format!("CAST(c AS {})", sql_type(*to, true)));
+            let text = pipeline(
+                &store,
+                sql_type(*from, false),
+                &format!("CAST(c AS {})", sql_type(*to, true)),
+            );
             let planned = common::plan_sql(&text).await;
             match (rule_of(letter), planned) {
                 (Some(rule), Err(d)) => {
                     let found = d.errors().any(|e| {
-                        e.rule.as_deref().is_some_and(|r| r.starts_with(&format!("{rule}:")))
+                        e.rule
+                            .as_deref()
+                            .is_some_and(|r| r.starts_with(&format!("{rule}:")))
                             && e.message.contains(&format!("cannot cast c from"))
                     });
                     if !found {
-                        failures.push(format!("{from} -> {to}: expected rule {rule}, got {}", common::show(&d)));
+                        failures.push(format!(
+                            "{from} -> {to}: expected rule {rule}, got {}",
+                            common::show(&d)
+                        ));
                     }
                 }
-                (Some(rule), Ok(_)) => failures.push(format!("{from} -> {to}: accepted, expected {rule}")),
-                (None, Err(d)) => failures.push(format!("{from} -> {to}: rejected: {}", common::show(&d))),
+                (Some(rule), Ok(_)) => {
+                    failures.push(format!("{from} -> {to}: accepted, expected {rule}"))
+                }
+                (None, Err(d)) => {
+                    failures.push(format!("{from} -> {to}: rejected: {}", common::show(&d)))
+                }
                 (None, Ok(plan)) => {
                     accepted += 1;
                     let input = edge(*from);
@@ -260,7 +391,9 @@ async fn every_pair_of_scalar_kinds() {
                         match expected(*from, *to) {
                             Some(v) => v.into_iter().map(String::from).collect(),
                             None => {
-                                failures.push(format!("{from} -> {to}: no expected values; got {got:?}"));
+                                failures.push(format!(
+                                    "{from} -> {to}: no expected values; got {got:?}"
+                                ));
                                 continue;
                             }
                         }
@@ -273,7 +406,12 @@ async fn every_pair_of_scalar_kinds() {
             MemoryStore::drop_named(&store);
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     // 15 identities (decimal(10,2) -> decimal(20,2) is a widening, not one)
     // and 21 accepted conversions.
     assert_eq!(accepted, 15 + 21, "identities plus accepted conversions");
@@ -298,7 +436,8 @@ async fn parametric_decimal_and_fixed_rules() {
         match (rule, r) {
             (None, Ok(_)) => {}
             (Some(rule), Err(d)) => assert!(
-                d.errors().any(|e| e.rule.as_deref().is_some_and(|r| r.starts_with(rule))),
+                d.errors()
+                    .any(|e| e.rule.as_deref().is_some_and(|r| r.starts_with(rule))),
                 "{from} -> {to}: {}",
                 common::show(&d)
             ),
@@ -307,18 +446,25 @@ async fn parametric_decimal_and_fixed_rules() {
     }
     // Max decimal and the full uint64 range convert exactly.
     let store = common::unique("param");
-    let plan = common::plan_sql(&pipeline(&store, "DECIMAL(38,0)", "CAST(c AS VARCHAR)")).await.unwrap();
+    let plan = common::plan_sql(&pipeline(&store, "DECIMAL(38,0)", "CAST(c AS VARCHAR)"))
+        .await
+        .unwrap();
     let max = Arc::new(
-        Decimal128Array::from(vec![Some(99_999_999_999_999_999_999_999_999_999_999_999_999i128), None])
-            .with_precision_and_scale(38, 0)
-            .unwrap(),
+        Decimal128Array::from(vec![
+            Some(99_999_999_999_999_999_999_999_999_999_999_999_999i128),
+            None,
+        ])
+        .with_precision_and_scale(38, 0)
+        .unwrap(),
     ) as ArrayRef;
     assert_eq!(
         run_route(&plan, &store, max).await.unwrap(),
         vec!["99999999999999999999999999999999999999", "NULL"]
     );
     let store = common::unique("param");
-    let plan = common::plan_sql(&pipeline(&store, "UBIGINT", "CAST(c AS DECIMAL(20,0))")).await.unwrap();
+    let plan = common::plan_sql(&pipeline(&store, "UBIGINT", "CAST(c AS DECIMAL(20,0))"))
+        .await
+        .unwrap();
     assert_eq!(
         run_route(&plan, &store, edge(Kind::UInt64)).await.unwrap(),
         vec!["0", "9223372036854775808", "18446744073709551615", "NULL"]
@@ -330,13 +476,17 @@ async fn parametric_decimal_and_fixed_rules() {
 #[tokio::test]
 async fn assume_utc_reinterprets_without_converting() {
     let store = common::unique("utc");
-    let plan = common::plan_sql(&pipeline(&store, "TIMESTAMP", "assume_utc(c)")).await.unwrap();
+    let plan = common::plan_sql(&pipeline(&store, "TIMESTAMP", "assume_utc(c)"))
+        .await
+        .unwrap();
     assert_eq!(
         plan.routes[0].target.columns[1].ty,
         urutau_planner::types::CanonicalType::TimestampTz
     );
     assert_eq!(
-        run_route(&plan, &store, edge(Kind::Timestamp)).await.unwrap(),
+        run_route(&plan, &store, edge(Kind::Timestamp))
+            .await
+            .unwrap(),
         vec![
             "0001-01-01T00:00:00Z",
             "1969-12-31T23:59:59.999999Z",
@@ -345,10 +495,20 @@ async fn assume_utc_reinterprets_without_converting() {
             "NULL"
         ]
     );
-    let Err(err) = common::plan_sql(&pipeline(&common::unique("utc"), "TIMESTAMPTZ", "assume_utc(c)")).await else {
+    let Err(err) = common::plan_sql(&pipeline(
+        &common::unique("utc"),
+        "TIMESTAMPTZ",
+        "assume_utc(c)",
+    ))
+    .await
+    else {
         panic!("assume_utc of a timestamptz must be rejected");
     };
-    assert!(common::show(&err).contains("assume_utc(c) needs a TIMESTAMP"), "{}", common::show(&err));
+    assert!(
+        common::show(&err).contains("assume_utc(c) needs a TIMESTAMP"),
+        "{}",
+        common::show(&err)
+    );
 }
 
 /// A column whose source type has no canonical mapping bypasses the matrix:
@@ -357,25 +517,41 @@ async fn assume_utc_reinterprets_without_converting() {
 #[tokio::test]
 async fn unknown_types_bypass_the_matrix() {
     let store = common::unique("bypass");
-    let plan = common::plan_sql(&pipeline(&store, "MONEY", "CAST(c AS DECIMAL(20,2))")).await.unwrap();
+    let plan = common::plan_sql(&pipeline(&store, "MONEY", "CAST(c AS DECIMAL(20,2))"))
+        .await
+        .unwrap();
     assert!(
         plan.warnings.warnings().next().is_none()
-            || plan.warnings.warnings().all(|w| !w.message.contains("raw text")),
+            || plan
+                .warnings
+                .warnings()
+                .all(|w| !w.message.contains("raw text")),
         "a cast unknown column is typed, not raw"
     );
     let text = Arc::new(StringArray::from(vec![Some("123.45"), Some("-0.5"), None])) as ArrayRef;
-    assert_eq!(run_route(&plan, &store, text).await.unwrap(), vec!["123.45", "-0.50", "NULL"]);
+    assert_eq!(
+        run_route(&plan, &store, text).await.unwrap(),
+        vec!["123.45", "-0.50", "NULL"]
+    );
 
     let store = common::unique("bypass");
-    let plan = common::plan_sql(&pipeline(&store, "MONEY", "CAST(c AS DECIMAL(20,2))")).await.unwrap();
+    let plan = common::plan_sql(&pipeline(&store, "MONEY", "CAST(c AS DECIMAL(20,2))"))
+        .await
+        .unwrap();
     let bad = Arc::new(StringArray::from(vec![Some("$12")])) as ArrayRef;
     let err = run_route(&plan, &store, bad).await.unwrap_err();
     assert!(err.contains("$12"), "{err}");
 
     // Uncast, it lands as its raw text, with a warning.
     let store = common::unique("bypass");
-    let plan = common::plan_sql(&pipeline(&store, "MONEY", "c")).await.unwrap();
-    assert!(plan.warnings.warnings().any(|w| w.message.contains("raw text")));
+    let plan = common::plan_sql(&pipeline(&store, "MONEY", "c"))
+        .await
+        .unwrap();
+    assert!(
+        plan.warnings
+            .warnings()
+            .any(|w| w.message.contains("raw text"))
+    );
     assert_eq!(
         plan.routes[0].target.columns[1].ty,
         urutau_planner::types::CanonicalType::Unknown("MONEY".into())
@@ -386,11 +562,20 @@ async fn unknown_types_bypass_the_matrix() {
 #[tokio::test]
 async fn nested_values_cast_to_json_text() {
     let store = common::unique("nested");
-    let plan = common::plan_sql(&pipeline(&store, "LIST<INT>", "CAST(c AS JSON)")).await.unwrap();
-    let list = Arc::new(arrow::array::ListArray::from_iter_primitive::<arrow::datatypes::Int32Type, _, _>(vec![
+    let plan = common::plan_sql(&pipeline(&store, "LIST<INT>", "CAST(c AS JSON)"))
+        .await
+        .unwrap();
+    let list = Arc::new(arrow::array::ListArray::from_iter_primitive::<
+        arrow::datatypes::Int32Type,
+        _,
+        _,
+    >(vec![
         Some(vec![Some(1), None, Some(3)]),
         Some(vec![]),
         None,
     ])) as ArrayRef;
-    assert_eq!(run_route(&plan, &store, list).await.unwrap(), vec!["[1,null,3]", "[]", "NULL"]);
+    assert_eq!(
+        run_route(&plan, &store, list).await.unwrap(),
+        vec!["[1,null,3]", "[]", "NULL"]
+    );
 }

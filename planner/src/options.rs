@@ -252,6 +252,20 @@ pub fn check_options(
             );
         }
     }
+    // Defaults become explicit, so what a pipeline means prints the same
+    // whatever the file spelled out.
+    for def in defs {
+        if let Some(default) = def.default
+            && options.entry(def.name).is_none()
+        {
+            options.push(
+                def.name,
+                OptionValue::string(default),
+                owner_span,
+                owner_span,
+            );
+        }
+    }
     for def in defs.iter().filter(|d| d.required) {
         if options.entry(def.name).is_none() {
             diags.push(

@@ -127,7 +127,11 @@ impl MemoryStore {
 
     /// What a table (dotted name) holds.
     pub fn table(&self, name: &str) -> Option<TableSnapshot> {
-        self.tables.lock().expect("tables lock").get(name).map(MemoryTable::snapshot)
+        self.tables
+            .lock()
+            .expect("tables lock")
+            .get(name)
+            .map(MemoryTable::snapshot)
     }
 
     pub fn set_faults(&self, faults: Faults) {

@@ -24,7 +24,11 @@ pub async fn plan_sql(text: &str) -> Result<PipelinePlan, Diagnostics> {
 /// A memory-store name no other test uses.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Diagnostics as text (for assertion messages).

@@ -113,6 +113,8 @@ struct Reader {
     batch_rows: usize,
     batch_opened: Option<Instant>,
     warned: std::collections::HashSet<String>,
+    /// A batch closed while handling a line (before its rows).
+    ready: Option<SourceBatch>,
 }
 
 fn list_dir(path: &Path) -> Result<Vec<(String, PathBuf)>, SourceError> {
@@ -199,6 +201,7 @@ impl Reader {
             batch_rows: 0,
             batch_opened: None,
             warned: Default::default(),
+            ready: None,
             cfg,
         };
         let exit = reader.cfg.exit_when_caught_up;
@@ -376,8 +379,15 @@ impl Reader {
 
     /// Decodes the line in `line_buf`.
     fn handle_line(&mut self) -> Result<(), SourceError> {
-        let text = std::str::from_utf8(&self.line_buf)
-            .map_err(|_| self.error_at("the line is not UTF-8"))?;
+        let buf = std::mem::take(&mut self.line_buf);
+        let result = self.handle_bytes(&buf);
+        self.line_buf = buf;
+        result
+    }
+
+    fn handle_bytes(&mut self, line_bytes: &[u8]) -> Result<(), SourceError> {
+        let text =
+            std::str::from_utf8(line_bytes).map_err(|_| self.error_at("the line is not UTF-8"))?;
         let text = text.trim();
         self.batch_lines += 1;
         if self.batch_opened.is_none() {
@@ -413,7 +423,7 @@ impl Reader {
                 let c = self.current.as_ref().expect("current");
                 FilePosition {
                     file: c.name.clone(),
-                    offset: c.offset - self.line_buf.len() as u64,
+                    offset: c.offset - line_bytes.len() as u64,
                 }
             };
             let text_pos = Position::File(line_start.clone()).to_string();
@@ -424,6 +434,17 @@ impl Reader {
             }
             self.open_tx = None;
             self.closed_at = Some(line_start);
+            // The batch may close right at the end of that transaction,
+            // before this line's rows.
+            if self
+                .cfg
+                .policy
+                .should_close(self.batch_rows, self.batch_opened)
+            {
+                self.ready = self.take_batch()?;
+                self.batch_lines = 1;
+                self.batch_opened = Some(Instant::now());
+            }
         }
         let Some(op) = env.op.as_deref() else {
             return Err(self.error_at("change event without `op`"));
@@ -568,6 +589,11 @@ pub fn run_reader(
             LineRead::Line => {
                 if let Err(e) = reader.handle_line() {
                     let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+                if let Some(b) = reader.ready.take()
+                    && tx.blocking_send(Ok(b)).is_err()
+                {
                     return;
                 }
                 let at_boundary = reader.open_tx.is_none();

@@ -1,0 +1,556 @@
+//! The runner's semantics, end to end through the file source, the planned
+//! routes and the memory sink: collapse per key in arrival order, key
+//! changes, whole transactions, crash and restart, rejected batches, resume,
+//! graceful stop, and bad input.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use urutau_engine::{RunError, RunOptions, Shutdown};
+use urutau_sinks::memory::{Faults, MemoryStore, TableSnapshot};
+
+/// One change event line.
+fn event(op: &str, before: Option<Value>, after: Option<Value>, tx: Option<u64>) -> String {
+    let mut source = json!({"table": "t", "schema": "public", "ts_ms": 1_700_000_000_000u64});
+    if let Some(tx) = tx {
+        source["txId"] = json!(tx);
+    }
+    json!({"op": op, "before": before, "after": after, "source": source}).to_string()
+}
+
+fn row(id: i64, v: Option<&str>) -> Value {
+    json!({"id": id, "v": v})
+}
+
+fn ins(id: i64, v: &str) -> String {
+    event("c", None, Some(row(id, Some(v))), None)
+}
+fn upd(from: (i64, &str), to: (i64, &str)) -> String {
+    event(
+        "u",
+        Some(row(from.0, Some(from.1))),
+        Some(row(to.0, Some(to.1))),
+        None,
+    )
+}
+fn del(id: i64, v: &str) -> String {
+    event("d", Some(row(id, Some(v))), None, None)
+}
+
+fn write_lines(path: &Path, lines: &[String]) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+}
+
+/// Upsert route `m.t` and append route `m.log` over `s.t`.
+fn pipeline(path: &Path, store: &str, max_rows: usize) -> String {
+    format!(
+        "CREATE PIPELINE p WITH (max_batch_rows = {max_rows}, max_batch_interval = '10s');
+         CREATE SOURCE s FROM file WITH (path = '{}');
+         CREATE SINK m INTO memory WITH (store = '{store}');
+         CREATE TABLE s.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+         CREATE TABLE m.t WITH (write_mode = 'upsert') AS SELECT id, v FROM s.t;
+         CREATE TABLE m.log WITH (write_mode = 'append') AS SELECT id, v, _op AS op FROM s.t;",
+        path.display()
+    )
+}
+
+async fn run(text: &str) -> Result<urutau_engine::RunReport, RunError> {
+    let plan = common::plan_sql(text)
+        .await
+        .unwrap_or_else(|d| panic!("{}", common::show(&d)));
+    urutau_engine::run(
+        &plan,
+        RunOptions {
+            exit_when_caught_up: true,
+        },
+        Shutdown::new(),
+    )
+    .await
+}
+
+fn table(store: &str, name: &str) -> TableSnapshot {
+    MemoryStore::named(store).table(name).expect("table exists")
+}
+
+fn rows(store: &str, name: &str) -> Vec<Vec<String>> {
+    table(store, name).rows
+}
+
+fn s(v: &[(&str, &str)]) -> Vec<Vec<String>> {
+    v.iter()
+        .map(|(a, b)| vec![a.to_string(), b.to_string()])
+        .collect()
+}
+
+#[tokio::test]
+async fn collapse_keeps_the_last_change_of_each_key_in_arrival_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.jsonl");
+    write_lines(
+        &path,
+        &[
+            ins(1, "a"),
+            upd((1, "a"), (1, "b")),
+            upd((1, "b"), (1, "c")),
+            ins(2, "x"),
+            del(2, "x"),
+            ins(2, "y"),
+            ins(3, "z"),
+            del(3, "z"),
+        ],
+    );
+    let store = common::unique("collapse");
+    run(&pipeline(&path, &store, 10_000)).await.unwrap();
+    assert_eq!(rows(&store, "t"), s(&[("1", "c"), ("2", "y")]));
+    // One batch; the sink saw one row per key: 1 -> c, 2 -> y, 3 -> delete.
+    let commits = table(&store, "t").commits;
+    assert_eq!(commits.len(), 1, "{commits:?}");
+    assert_eq!((commits[0].1, commits[0].2), (3, 1));
+    // The append route saw every change (update before-images are not changes).
+    assert_eq!(table(&store, "log").rows.len(), 8);
+}
+
+#[tokio::test]
+async fn a_key_change_deletes_the_old_key() {
+    for max_rows in [1, 10_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.jsonl");
+        write_lines(
+            &path,
+            &[
+                ins(1, "a"),
+                ins(2, "b"),
+                upd((1, "a"), (5, "a")),
+                upd((2, "b"), (1, "b")),
+            ],
+        );
+        let store = common::unique("keychange");
+        run(&pipeline(&path, &store, max_rows)).await.unwrap();
+        assert_eq!(
+            rows(&store, "t"),
+            s(&[("1", "b"), ("5", "a")]),
+            "max_rows {max_rows}"
+        );
+        let log = rows(&store, "log");
+        assert_eq!(log.len(), 4, "{log:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_never_splits_a_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tx.jsonl");
+    let mut lines = vec![ins(1, "solo")];
+    for id in 10..15 {
+        lines.push(event("c", None, Some(row(id, Some("tx"))), Some(77)));
+    }
+    lines.push(ins(2, "after"));
+    write_lines(&path, &lines);
+    let store = common::unique("tx");
+    run(&pipeline(&path, &store, 1)).await.unwrap();
+    let log = table(&store, "log");
+    // One row per batch, except the transaction, which stays whole.
+    assert_eq!(
+        log.commits.iter().map(|c| c.1).collect::<Vec<_>>(),
+        vec![1, 5, 1],
+        "{:?}",
+        log.commits
+    );
+    // Rebuild each commit's rows from the append order.
+    let mut at = 0;
+    let offsets = line_end_offsets(&path);
+    for (position, n, _) in &log.commits {
+        let ids: Vec<i64> = log.rows[at..at + n]
+            .iter()
+            .map(|r| r[0].parse().unwrap())
+            .collect();
+        at += n;
+        let in_tx = ids.iter().filter(|i| (10..15).contains(*i)).count();
+        assert!(
+            in_tx == 0 || in_tx == 5,
+            "commit at {position} splits the transaction: {ids:?}"
+        );
+        // Every commit ends at the end of a line that closes a transaction.
+        let p: u64 = position.parse().unwrap();
+        assert!(
+            [offsets[0], offsets[5], offsets[6]].contains(&p),
+            "commit at {p} is not a transaction end"
+        );
+    }
+    assert_eq!(at, 7);
+}
+
+fn line_end_offsets(path: &Path) -> Vec<u64> {
+    let text = std::fs::read(path).unwrap();
+    text.iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .map(|(i, _)| i as u64 + 1)
+        .collect()
+}
+
+/// A seeded random workload: inserts, updates (some changing the key),
+/// deletes, re-inserts, NULLs, unicode, multi-row transactions. Returns the
+/// lines and the final state.
+fn workload(seed: u64, changes: usize, keys: i64) -> (Vec<String>, BTreeMap<i64, Option<String>>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut state: BTreeMap<i64, Option<String>> = BTreeMap::new();
+    let mut lines = Vec::new();
+    let mut tx_left = 0;
+    let mut tx_id = 1000u64;
+    let value = |rng: &mut StdRng| -> Option<String> {
+        match rng.random_range(0..10) {
+            0 => None,
+            1 => Some("ünïcødé ✓ 日本".to_string()),
+            _ => Some(format!("v{}", rng.random_range(0..1_000_000))),
+        }
+    };
+    while lines.len() < changes {
+        if tx_left == 0 && rng.random_bool(0.2) {
+            tx_left = rng.random_range(2..6);
+            tx_id += 1;
+        }
+        let tx = if tx_left > 0 {
+            tx_left -= 1;
+            Some(tx_id)
+        } else {
+            None
+        };
+        let id = rng.random_range(1..=keys);
+        let line = match state.get(&id).cloned() {
+            None => {
+                let v = value(&mut rng);
+                state.insert(id, v.clone());
+                event("c", None, Some(json!({"id": id, "v": v})), tx)
+            }
+            Some(old) => {
+                let roll = rng.random_range(0..100);
+                if roll < 25 {
+                    state.remove(&id);
+                    event("d", Some(json!({"id": id, "v": old})), None, tx)
+                } else if roll < 32 {
+                    let new_id = rng.random_range(1..=keys);
+                    if state.contains_key(&new_id) {
+                        continue;
+                    }
+                    let v = value(&mut rng);
+                    state.remove(&id);
+                    state.insert(new_id, v.clone());
+                    event(
+                        "u",
+                        Some(json!({"id": id, "v": old})),
+                        Some(json!({"id": new_id, "v": v})),
+                        tx,
+                    )
+                } else {
+                    let v = value(&mut rng);
+                    state.insert(id, v.clone());
+                    event(
+                        "u",
+                        Some(json!({"id": id, "v": old})),
+                        Some(json!({"id": id, "v": v})),
+                        tx,
+                    )
+                }
+            }
+        };
+        lines.push(line);
+    }
+    (lines, state)
+}
+
+fn oracle_rows(state: &BTreeMap<i64, Option<String>>) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = state
+        .iter()
+        .map(|(k, v)| vec![k.to_string(), v.clone().unwrap_or_else(|| "NULL".into())])
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_crash_then_restart_ends_like_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.jsonl");
+    let (lines, state) = workload(42, 3000, 60);
+    write_lines(&path, &lines);
+
+    let clean = common::unique("clean");
+    run(&pipeline(&path, &clean, 97)).await.unwrap();
+    assert_eq!(
+        rows(&clean, "t"),
+        oracle_rows(&state),
+        "uninterrupted run vs oracle"
+    );
+    assert_eq!(
+        rows(&clean, "log").len(),
+        lines.len(),
+        "append holds every change once"
+    );
+    let commits = table(&clean, "t").commits.len();
+    assert!(commits > 20, "the workload spans many batches ({commits})");
+
+    for crash_after in [0usize, 1, 5, 17, 40] {
+        let store = common::unique("crash");
+        MemoryStore::named(&store).set_faults(Faults {
+            fail_after_commits: Some(crash_after),
+            reject_value: None,
+        });
+        let err = run(&pipeline(&path, &store, 97)).await.unwrap_err();
+        assert!(matches!(err, RunError::Commit(_)), "{err}");
+        assert!(err.to_string().contains("injected failure"), "{err}");
+        // Restart: no fault now.
+        run(&pipeline(&path, &store, 97)).await.unwrap();
+        assert_eq!(
+            rows(&store, "t"),
+            rows(&clean, "t"),
+            "upsert after a crash at commit {crash_after}"
+        );
+        assert_eq!(
+            rows(&store, "log"),
+            rows(&clean, "log"),
+            "append after a crash at commit {crash_after}: no loss, no duplicate"
+        );
+        assert_eq!(table(&store, "t").position, table(&clean, "t").position);
+    }
+}
+
+#[tokio::test]
+async fn a_rejected_batch_stops_the_run_without_advancing_the_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.jsonl");
+    write_lines(&path, &[ins(1, "a"), ins(2, "b")]);
+    write_lines(&path, &[ins(3, "poison"), ins(4, "d")]);
+    let offsets = line_end_offsets(&path);
+    let store = common::unique("reject");
+    MemoryStore::named(&store).set_faults(Faults {
+        fail_after_commits: None,
+        reject_value: Some(("v".into(), "poison".into())),
+    });
+    let text = pipeline(&path, &store, 2);
+    for attempt in 0..2 {
+        let err = run(&text).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, RunError::Commit(_)), "{msg}");
+        assert!(msg.contains("table "), "{msg}");
+        assert!(msg.contains(&format!("position {}", offsets[3])), "{msg}");
+        assert!(msg.contains("refuses"), "{msg}");
+        // Nothing of the rejected batch, nothing after it; position unchanged.
+        let t = table(&store, "t");
+        assert_eq!(
+            t.position.as_deref(),
+            Some(offsets[1].to_string().as_str()),
+            "attempt {attempt}"
+        );
+        assert_eq!(t.rows, s(&[("1", "a"), ("2", "b")]));
+    }
+}
+
+#[tokio::test]
+async fn a_restart_resumes_after_the_committed_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("resume.jsonl");
+    write_lines(&path, &[ins(1, "a"), ins(2, "b")]);
+    let store = common::unique("resume");
+    let text = pipeline(&path, &store, 1);
+    run(&text).await.unwrap();
+    write_lines(&path, &[upd((1, "a"), (1, "a2")), ins(3, "c")]);
+    let report = run(&text).await.unwrap();
+    assert_eq!(rows(&store, "t"), s(&[("1", "a2"), ("2", "b"), ("3", "c")]));
+    let log = rows(&store, "log");
+    assert_eq!(log.len(), 4, "every change once: {log:?}");
+    // The second run read only the new lines.
+    let t = report.routes.iter().find(|r| r.name == "m.t").unwrap();
+    assert_eq!(t.rows, 2, "{report:?}");
+    // Nothing new: a third run commits nothing.
+    let report = run(&text).await.unwrap();
+    assert!(report.routes.iter().all(|r| r.commits == 0), "{report:?}");
+}
+
+#[tokio::test]
+async fn an_update_leaving_the_filter_deletes_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.jsonl");
+    write_lines(
+        &path,
+        &[
+            ins(1, "keep"),
+            ins(2, "keep"),
+            upd((1, "keep"), (1, "drop")),
+            ins(3, "drop"),
+        ],
+    );
+    let store = common::unique("filter");
+    let text = format!(
+        "CREATE SOURCE s FROM file WITH (path = '{}');
+         CREATE SINK m INTO memory WITH (store = '{store}');
+         CREATE TABLE s.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+         CREATE TABLE m.t AS SELECT id, v FROM s.t WHERE v = 'keep';
+         CREATE TABLE m.log WITH (write_mode = 'append') AS SELECT id, v FROM s.t WHERE v = 'keep';",
+        path.display()
+    );
+    run(&text).await.unwrap();
+    assert_eq!(rows(&store, "t"), s(&[("2", "keep")]));
+    assert_eq!(rows(&store, "log"), s(&[("1", "keep"), ("2", "keep")]));
+}
+
+#[tokio::test]
+async fn a_stop_request_finishes_the_commit_in_flight_and_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tail.jsonl");
+    write_lines(&path, &[ins(1, "a")]);
+    let store = common::unique("stop");
+    let text = format!(
+        "CREATE PIPELINE p WITH (max_batch_interval = '20ms');
+         CREATE SOURCE s FROM file WITH (path = '{}');
+         CREATE SINK m INTO memory WITH (store = '{store}');
+         CREATE TABLE s.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+         CREATE TABLE m.t AS SELECT id, v FROM s.t;",
+        path.display()
+    );
+    let plan = common::plan_sql(&text).await.unwrap();
+    let shutdown = Shutdown::new();
+    let handle = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            urutau_engine::run(
+                &plan,
+                RunOptions {
+                    exit_when_caught_up: false,
+                },
+                shutdown,
+            )
+            .await
+        })
+    };
+    // Tailing: a line written while the pipeline runs arrives too.
+    wait_for(|| {
+        MemoryStore::named(&store)
+            .table("t")
+            .is_some_and(|t| t.rows.len() == 1)
+    })
+    .await;
+    write_lines(&path, &[ins(2, "b")]);
+    wait_for(|| {
+        MemoryStore::named(&store)
+            .table("t")
+            .is_some_and(|t| t.rows.len() == 2)
+    })
+    .await;
+    shutdown.trigger();
+    let report = tokio::time::timeout(Duration::from_secs(10), handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(report.stopped);
+    assert_eq!(rows(&store, "t"), s(&[("1", "a"), ("2", "b")]));
+}
+
+async fn wait_for(mut cond: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not reached in 10 s");
+}
+
+#[tokio::test]
+async fn a_malformed_line_is_a_terminal_error_naming_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.jsonl");
+    write_lines(
+        &path,
+        &[
+            ins(1, "a"),
+            "{\"op\": \"c\", \"after\": {".to_string(),
+            ins(2, "b"),
+        ],
+    );
+    let store = common::unique("bad");
+    let err = run(&pipeline(&path, &store, 10_000)).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("{}:2:", path.display())), "{msg}");
+    assert!(msg.contains("malformed change event"), "{msg}");
+    // The batch holding the bad line is never committed, not even in part.
+    assert!(
+        MemoryStore::named(&store)
+            .table("t")
+            .is_none_or(|t| t.rows.is_empty() && t.position.is_none())
+    );
+}
+
+#[tokio::test]
+async fn a_value_that_does_not_fit_names_line_field_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("types.jsonl");
+    write_lines(
+        &path,
+        &[
+            event("c", None, Some(json!({"id": 1, "n": 5})), None),
+            event("c", None, Some(json!({"id": 2, "n": "abc"})), None),
+        ],
+    );
+    let store = common::unique("types");
+    let text = format!(
+        "CREATE SOURCE s FROM file WITH (path = '{}');
+         CREATE SINK m INTO memory WITH (store = '{store}');
+         CREATE TABLE s.t (id BIGINT NOT NULL, n INT, PRIMARY KEY (id));
+         CREATE TABLE m.t AS SELECT id, n FROM s.t;",
+        path.display()
+    );
+    let msg = run(&text).await.unwrap_err().to_string();
+    assert!(msg.contains(&format!("{}:2:", path.display())), "{msg}");
+    assert!(msg.contains("table t, field `n`"), "{msg}");
+    assert!(msg.contains("\"abc\" does not fit INT"), "{msg}");
+
+    // A NULL key is refused the same way.
+    let path2 = dir.path().join("nullkey.jsonl");
+    write_lines(
+        &path2,
+        &[event("c", None, Some(json!({"id": null, "n": 1})), None)],
+    );
+    let msg = run(&text.replace(&path.display().to_string(), &path2.display().to_string()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("field `id`") && msg.contains("NOT NULL"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn a_directory_is_read_in_name_order_and_resumed_by_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("in");
+    std::fs::create_dir(&data).unwrap();
+    write_lines(&data.join("b.jsonl"), &[upd((1, "a"), (1, "b"))]);
+    write_lines(&data.join("a.jsonl"), &[ins(1, "a")]);
+    let store = common::unique("dir");
+    let text = pipeline(&data, &store, 1);
+    run(&text).await.unwrap();
+    assert_eq!(rows(&store, "t"), s(&[("1", "b")]));
+    let pos = table(&store, "t").position.unwrap();
+    assert!(pos.starts_with("b.jsonl:"), "{pos}");
+    write_lines(&data.join("c.jsonl"), &[ins(2, "c")]);
+    run(&text).await.unwrap();
+    assert_eq!(rows(&store, "t"), s(&[("1", "b"), ("2", "c")]));
+    assert_eq!(rows(&store, "log").len(), 3);
+}
