@@ -360,7 +360,7 @@ async fn every_pair_of_scalar_kinds() {
                         e.rule
                             .as_deref()
                             .is_some_and(|r| r.starts_with(&format!("{rule}:")))
-                            && e.message.contains(&format!("cannot cast c from"))
+                            && e.message.contains("cannot cast c from")
                     });
                     if !found {
                         failures.push(format!(

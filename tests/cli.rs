@@ -384,3 +384,46 @@ CREATE TABLE lake.o AS SELECT id FROM s.orders;
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("not in this build"), "{}", stderr(&o));
 }
+
+#[test]
+fn sigterm_stops_gracefully_with_exit_0() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let data = write(
+        dir.path(),
+        "tail.jsonl",
+        "{\"op\":\"c\",\"after\":{\"id\":1},\"source\":{\"table\":\"orders\"}}\n",
+    );
+    let f = write(
+        dir.path(),
+        "p.sql",
+        &format!(
+            "CREATE PIPELINE p WITH (max_batch_interval = '20ms');\nCREATE SOURCE s FROM file WITH (path = '{data}');\nCREATE SINK out INTO debug;\nCREATE TABLE s.orders (id BIGINT NOT NULL, PRIMARY KEY (id));\nCREATE TABLE out.o AS SELECT id FROM s.orders;\n"
+        ),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", &f])
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Tail mode: wait for the first commit, then ask it to stop.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first_commit = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("-- out.o @ "));
+    assert!(first_commit.is_some(), "no commit printed");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(err.contains("stop requested"), "{err}");
+    assert!(err.contains("stopped"), "{err}");
+}

@@ -4,9 +4,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, StringBuilder, StringDictionaryBuilder, TimestampMicrosecondBuilder,
+    ArrayRef, BooleanBuilder, StringArray, StringBuilder, TimestampMicrosecondBuilder,
 };
-use arrow::datatypes::Int8Type;
 use urutau_planner::context;
 use urutau_planner::types::UTC;
 
@@ -32,11 +31,11 @@ impl RowKind {
 
 /// Accumulates the CDC context columns of one table's rows.
 pub struct ContextBuilder {
-    op: StringDictionaryBuilder<Int8Type>,
+    op: Vec<&'static str>,
     before: BooleanBuilder,
     pos: StringBuilder,
     commit_ts: TimestampMicrosecondBuilder,
-    phase: StringDictionaryBuilder<Int8Type>,
+    phase: Vec<&'static str>,
     rows: usize,
     /// Rows whose position is not known yet (their transaction is open).
     pending_pos: usize,
@@ -49,13 +48,14 @@ impl Default for ContextBuilder {
 }
 
 impl ContextBuilder {
+    /// An empty builder.
     pub fn new() -> Self {
         ContextBuilder {
-            op: StringDictionaryBuilder::new(),
+            op: Vec::new(),
             before: BooleanBuilder::new(),
             pos: StringBuilder::new(),
             commit_ts: TimestampMicrosecondBuilder::new(),
-            phase: StringDictionaryBuilder::new(),
+            phase: Vec::new(),
             rows: 0,
             pending_pos: 0,
         }
@@ -66,6 +66,7 @@ impl ContextBuilder {
         self.rows
     }
 
+    /// True before the first row.
     pub fn is_empty(&self) -> bool {
         self.rows == 0
     }
@@ -73,10 +74,10 @@ impl ContextBuilder {
     /// Appends the context of one row; its position follows with
     /// [`Self::close_transaction`].
     pub fn append(&mut self, kind: RowKind, commit_ts_micros: Option<i64>, snapshot: bool) {
-        self.op.append_value(kind.op());
+        self.op.push(kind.op());
         self.before.append_value(kind == RowKind::UpdateBefore);
         self.commit_ts.append_option(commit_ts_micros);
-        self.phase.append_value(if snapshot {
+        self.phase.push(if snapshot {
             context::PHASE_SNAPSHOT
         } else {
             context::PHASE_STREAM
@@ -104,10 +105,8 @@ impl ContextBuilder {
         assert_eq!(self.pending_pos, 0, "finish with an open transaction");
         let n = self.rows;
         self.rows = 0;
-        let op = arrow::compute::cast(&self.op.finish(), &arrow::datatypes::DataType::Utf8)
-            .expect("dictionary to utf8");
-        let phase = arrow::compute::cast(&self.phase.finish(), &arrow::datatypes::DataType::Utf8)
-            .expect("dictionary to utf8");
+        let op: ArrayRef = Arc::new(StringArray::from_iter_values(self.op.drain(..)));
+        let phase: ArrayRef = Arc::new(StringArray::from_iter_values(self.phase.drain(..)));
         let mut ingest = TimestampMicrosecondBuilder::with_capacity(n);
         ingest.append_value_n(ingest_ts_micros, n);
         let mut table = StringBuilder::with_capacity(n, n * source_table.len());

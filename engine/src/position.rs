@@ -56,6 +56,7 @@ pub enum PositionError {
 }
 
 impl PositionKind {
+    /// The kind's name in messages.
     pub fn name(self) -> &'static str {
         match self {
             PositionKind::File => "file",
@@ -122,6 +123,7 @@ impl Position {
         }
     }
 
+    /// The kind of this position.
     pub fn kind(&self) -> PositionKind {
         match self {
             Position::File(_) => PositionKind::File,
@@ -224,7 +226,7 @@ pub fn min_safe(positions: &[Position]) -> Result<Option<Position>, PositionErro
                 })
                 .collect();
             for (topic, parts) in &all[0].0 {
-                for (p, _) in parts {
+                for p in parts.keys() {
                     let offs: Option<Vec<i64>> = all
                         .iter()
                         .map(|o| o.0.get(topic).and_then(|ps| ps.get(p)).copied())

@@ -261,7 +261,13 @@ pub async fn run(
                         }
                     };
                     source_end = Some(batch.end.clone());
-                    if !dispatch(&mut outlets, &batch, progress_interval).await {
+                    let delivered = dispatch(&mut outlets, &batch, progress_interval)
+                        .await
+                        .map_err(|message| RunError::Source {
+                            source_name: name.clone(),
+                            message,
+                        })?;
+                    if !delivered {
                         // A route stopped; its own error tells why.
                         break;
                     }
@@ -367,12 +373,13 @@ struct Outlet {
     empty: RecordBatch,
 }
 
-/// Sends each route its share of `batch`. False when a route is gone.
+/// Sends each route its share of `batch`. `Ok(false)` when a route is gone
+/// (its own error says why); an error when positions cannot be compared.
 async fn dispatch(
     outlets: &mut [Outlet],
     batch: &SourceBatch,
     progress_interval: std::time::Duration,
-) -> bool {
+) -> Result<bool, String> {
     for o in outlets.iter_mut() {
         let Some(sender) = &o.sender else { continue };
         // Changes the sink already holds are not sent again.
@@ -381,10 +388,12 @@ async fn dispatch(
                 Some(Ordering::Less | Ordering::Equal) => continue,
                 Some(Ordering::Greater) => {}
                 None => {
-                    tracing::warn!(
-                        route = o.route,
-                        "positions not comparable; sending the batch"
-                    );
+                    // Sending could apply changes twice, skipping could lose
+                    // them: neither is a guess to make.
+                    return Err(format!(
+                        "the source's position {} cannot be compared with the committed position {r}",
+                        batch.end
+                    ));
                 }
             }
         }
@@ -396,10 +405,7 @@ async fn dispatch(
         let rows = match (rows, &o.resume) {
             (Some(b), Some(r)) => match skip_committed(b, r) {
                 Ok(b) => Some(b),
-                Err(e) => {
-                    tracing::error!(route = o.route, error = %e, "cannot compare positions");
-                    return false;
-                }
+                Err(e) => return Err(e.to_string()),
             },
             (Some(b), None) => Some(b.clone()),
             (None, _) => None,
@@ -417,13 +423,13 @@ async fn dispatch(
                 end: batch.end.to_string(),
             };
             if sender.send(rb).await.is_err() {
-                return false;
+                return Ok(false);
             }
             o.last_sent = Instant::now();
             o.last_end = Some(batch.end.clone());
         }
     }
-    true
+    Ok(true)
 }
 
 /// Sends an empty batch ending at `end` to every route whose position is

@@ -18,6 +18,7 @@ impl Default for Shutdown {
 }
 
 impl Shutdown {
+    /// A stop request nobody has made yet.
     pub fn new() -> Self {
         let (tx, _) = watch::channel(false);
         Shutdown { tx: Arc::new(tx) }
@@ -28,6 +29,7 @@ impl Shutdown {
         self.tx.send_replace(true);
     }
 
+    /// True once a stop was asked for.
     pub fn is_triggered(&self) -> bool {
         *self.tx.borrow()
     }

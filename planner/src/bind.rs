@@ -54,6 +54,9 @@ pub struct BoundRoute {
     pub projection: Vec<Expr>,
     /// Warnings produced while binding (bypassed casts, raw columns).
     pub warnings: Diagnostics,
+    /// The source columns the target key is computed from: an update that
+    /// leaves them unchanged cannot change the key.
+    pub key_source_columns: Vec<String>,
 }
 
 /// Everything binding needs to know about the route's source.
@@ -245,6 +248,20 @@ impl Binder<'_> {
         let filter = self.route.filter.as_ref().and_then(|f| self.bind_filter(f));
 
         let key = self.resolve_key(&settings, &ordered);
+        let mut key_source_columns: Vec<String> = Vec::new();
+        for k in key.iter().flatten() {
+            if let Some(item) = ordered.iter().find(|i| &i.name == k) {
+                let _ = item.expr.apply(|e| {
+                    if let Expr::Column(c) = e
+                        && !context::is_context_column(&c.name)
+                        && !key_source_columns.contains(&c.name)
+                    {
+                        key_source_columns.push(c.name.clone());
+                    }
+                    Ok(TreeNodeRecursion::Continue)
+                });
+            }
+        }
 
         let columns: Vec<TargetColumn> = ordered
             .iter()
@@ -322,6 +339,7 @@ impl Binder<'_> {
             filter,
             projection,
             warnings: Diagnostics::default(),
+            key_source_columns,
         })
     }
 
@@ -444,7 +462,7 @@ impl Binder<'_> {
             },
             _ => None,
         };
-        let expr = self.to_logical(&item.expr, span)?;
+        let expr = self.sql_to_logical(&item.expr, span)?;
         let (expr, ty) = self.check(expr, span)?;
 
         let mut refs = Vec::new();
@@ -514,7 +532,7 @@ impl Binder<'_> {
 
     fn bind_filter(&mut self, filter: &SpannedExpr) -> Option<Expr> {
         let span = ast_span(&filter.expr).unwrap_or(filter.span);
-        let expr = self.to_logical(&filter.expr, span)?;
+        let expr = self.sql_to_logical(&filter.expr, span)?;
         let (expr, _) = self.check(expr, span)?;
         match expr.get_type(&self.df_schema) {
             Ok(DataType::Boolean) => Some(expr),
@@ -536,7 +554,7 @@ impl Binder<'_> {
 
     /// sqlparser AST -> DataFusion expression: pseudo-columns become context
     /// columns, casts become stand-ins that keep their canonical target.
-    fn to_logical(&mut self, sql: &ast::Expr, span: Span) -> Option<Expr> {
+    fn sql_to_logical(&mut self, sql: &ast::Expr, span: Span) -> Option<Expr> {
         let mut sql = sql.clone();
         let mut errors = Vec::new();
         let transport = self.source.def.transport;

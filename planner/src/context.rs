@@ -31,19 +31,27 @@ pub const SOURCE_TABLE: &str = "__source_table";
 /// Transport columns (Kafka and alike): topic, partition, offset, message
 /// timestamp, key, headers.
 pub const STREAM: &str = "__stream";
+/// Transport shard (partition).
 pub const SHARD: &str = "__shard";
+/// Transport sequence (offset).
 pub const SEQUENCE: &str = "__sequence";
+/// Transport message timestamp.
 pub const MSG_TS: &str = "__msg_ts";
+/// Transport message key.
 pub const MSG_KEY: &str = "__msg_key";
+/// Transport headers as JSON text.
 pub const HEADERS: &str = "__headers";
 
 /// Values of [`OP`].
 pub const OP_INSERT: &str = "insert";
+/// `__op` of an update (after and before images alike).
 pub const OP_UPDATE: &str = "update";
+/// `__op` of a delete (its before image).
 pub const OP_DELETE: &str = "delete";
 
 /// Values of [`PHASE`].
 pub const PHASE_SNAPSHOT: &str = "snapshot";
+/// `__phase` of rows read from the change stream.
 pub const PHASE_STREAM: &str = "stream";
 
 fn ts() -> DataType {

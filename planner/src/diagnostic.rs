@@ -101,6 +101,7 @@ impl Diagnostic {
         self
     }
 
+    /// True for errors (not warnings).
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }
@@ -162,22 +163,27 @@ pub struct Diagnostics {
 }
 
 impl Diagnostics {
+    /// Adds a finding.
     pub fn push(&mut self, d: Diagnostic) {
         self.items.push(d);
     }
 
+    /// Adds every finding of `other`.
     pub fn extend(&mut self, other: Diagnostics) {
         self.items.extend(other.items);
     }
 
+    /// True when any finding is an error.
     pub fn has_errors(&self) -> bool {
         self.items.iter().any(Diagnostic::is_error)
     }
 
+    /// The errors.
     pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
         self.items.iter().filter(|d| d.is_error())
     }
 
+    /// The warnings.
     pub fn warnings(&self) -> impl Iterator<Item = &Diagnostic> {
         self.items.iter().filter(|d| !d.is_error())
     }

@@ -29,6 +29,7 @@ pub struct RouteFeed {
 }
 
 impl RouteFeed {
+    /// A feed not connected yet (planning builds it; the runner connects it).
     pub fn new() -> Self {
         Self::default()
     }

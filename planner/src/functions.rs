@@ -35,6 +35,7 @@ pub struct AssumeUtc {
 }
 
 impl AssumeUtc {
+    /// The function's SQL name.
     pub const NAME: &'static str = "assume_utc";
 
     pub fn new() -> Self {
@@ -106,6 +107,7 @@ pub struct BinaryToText {
 }
 
 impl BinaryToText {
+    /// The function for one encoding.
     pub fn new(encoding: Encoding) -> Self {
         BinaryToText {
             encoding,
@@ -202,6 +204,7 @@ pub struct ToJson {
 }
 
 impl ToJson {
+    /// The function's SQL name.
     pub const NAME: &'static str = "to_json";
 
     pub fn new() -> Self {
@@ -282,8 +285,10 @@ pub struct CastPlaceholder {
 }
 
 impl CastPlaceholder {
+    /// Name prefix of the stand-ins.
     pub const PREFIX: &'static str = "__urutau_cast_";
 
+    /// The stand-in for the `index`-th cast, returning `target`.
     pub fn new(index: usize, target: DataType) -> Self {
         CastPlaceholder {
             name: format!("{}{index}", Self::PREFIX),

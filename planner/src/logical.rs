@@ -136,6 +136,7 @@ pub struct SinkNode {
 }
 
 impl SinkNode {
+    /// A sink node over `input` (its output: one statistics row per commit).
     pub fn new(
         input: LogicalPlan,
         sink: String,

@@ -137,18 +137,22 @@ impl OptionDef {
             doc,
         }
     }
+    /// Marks the option required.
     pub const fn required(mut self) -> Self {
         self.required = true;
         self
     }
+    /// Gives the option a default value.
     pub const fn default(mut self, v: &'static str) -> Self {
         self.default = Some(v);
         self
     }
+    /// Marks the option secret (never printed).
     pub const fn secret(mut self) -> Self {
         self.secret = true;
         self
     }
+    /// Other accepted spellings.
     pub const fn aliases(mut self, a: &'static [&'static str]) -> Self {
         self.aliases = a;
         self

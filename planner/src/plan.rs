@@ -68,6 +68,49 @@ pub struct SourceTablePlan {
     pub scan_schema: SchemaRef,
     /// Indices into [`PipelinePlan::routes`].
     pub routes: Vec<usize>,
+    /// Which update before-images its routes need.
+    pub before_images: BeforeImages,
+}
+
+/// Which before images of updates a source must emit (as `__before`
+/// rows) for a table. Upsert routes need one only when the update changed
+/// their key (to delete the old key); append routes never do (they record
+/// changes, not states). Emitting fewer is only an optimisation: a
+/// before-image whose key equals the after-image's is superseded by it in
+/// the collapse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BeforeImages {
+    Never,
+    /// When any of these source columns differs between before and after.
+    OnKeyChange(Vec<String>),
+    Always,
+}
+
+impl BeforeImages {
+    /// What a route of `mode` whose key reads `key_columns` needs.
+    pub fn for_route(mode: WriteMode, key_columns: &[String]) -> Self {
+        match mode {
+            WriteMode::Upsert if key_columns.is_empty() => BeforeImages::Always,
+            WriteMode::Upsert => BeforeImages::OnKeyChange(key_columns.to_vec()),
+            _ => BeforeImages::Never,
+        }
+    }
+
+    /// What two routes of one table need together.
+    pub fn union(self, other: BeforeImages) -> Self {
+        match (self, other) {
+            (BeforeImages::Always, _) | (_, BeforeImages::Always) => BeforeImages::Always,
+            (BeforeImages::Never, x) | (x, BeforeImages::Never) => x,
+            (BeforeImages::OnKeyChange(mut a), BeforeImages::OnKeyChange(b)) => {
+                for c in b {
+                    if !a.contains(&c) {
+                        a.push(c);
+                    }
+                }
+                BeforeImages::OnKeyChange(a)
+            }
+        }
+    }
 }
 
 /// One route, planned.
@@ -214,17 +257,23 @@ pub async fn plan_pipeline(
                 sources.last_mut().expect("just pushed")
             }
         };
+        let needs = BeforeImages::for_route(bound.target.mode, &bound.key_source_columns);
         match source_plan
             .tables
             .iter_mut()
             .find(|t| t.table == route.source_table.parts)
         {
-            Some(t) => t.routes.push(index),
+            Some(t) => {
+                t.routes.push(index);
+                t.before_images =
+                    std::mem::replace(&mut t.before_images, BeforeImages::Never).union(needs);
+            }
             None => source_plan.tables.push(SourceTablePlan {
                 table: route.source_table.parts.clone(),
                 schema,
                 scan_schema: Arc::clone(&bound.scan_schema),
                 routes: vec![index],
+                before_images: needs,
             }),
         }
         routes.push(RoutePlan {

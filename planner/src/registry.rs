@@ -117,30 +117,37 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds a source kind.
     pub fn register_source(&mut self, provider: Arc<dyn SourceProvider>) {
         self.sources.insert(provider.def().name, provider);
     }
 
+    /// Adds a sink kind.
     pub fn register_sink(&mut self, provider: Arc<dyn SinkProvider>) {
         self.sinks.insert(provider.def().name, provider);
     }
 
+    /// The source kind of this name.
     pub fn source(&self, kind: &str) -> Option<&Arc<dyn SourceProvider>> {
         self.sources.get(kind)
     }
 
+    /// The sink kind of this name.
     pub fn sink(&self, kind: &str) -> Option<&Arc<dyn SinkProvider>> {
         self.sinks.get(kind)
     }
 
+    /// Names of the source kinds (for messages).
     pub fn source_kinds(&self) -> Vec<&'static str> {
         self.sources.keys().copied().collect()
     }
 
+    /// Names of the sink kinds (for messages).
     pub fn sink_kinds(&self) -> Vec<&'static str> {
         self.sinks.keys().copied().collect()
     }

@@ -18,6 +18,7 @@ pub struct Ident {
 }
 
 impl Ident {
+    /// A name at `span`.
     pub fn new(name: impl Into<String>, span: Span) -> Self {
         Ident {
             name: name.into(),
@@ -40,6 +41,7 @@ pub struct QualifiedName {
 }
 
 impl QualifiedName {
+    /// A dotted name at `span`.
     pub fn new(parts: Vec<String>, span: Span) -> Self {
         QualifiedName { parts, span }
     }
@@ -70,10 +72,12 @@ pub struct PipelineSpec {
 }
 
 impl PipelineSpec {
+    /// The source of this name.
     pub fn source(&self, name: &str) -> Option<&SourceSpec> {
         self.sources.iter().find(|s| s.name.name == name)
     }
 
+    /// The sink of this name.
     pub fn sink(&self, name: &str) -> Option<&SinkSpec> {
         self.sinks.iter().find(|s| s.name.name == name)
     }
@@ -131,6 +135,7 @@ pub enum WriteMode {
 }
 
 impl WriteMode {
+    /// Parses `upsert` | `append` | `append-idempotent`.
     pub fn parse(text: &str) -> Option<WriteMode> {
         match text {
             "upsert" => Some(WriteMode::Upsert),
@@ -140,6 +145,7 @@ impl WriteMode {
         }
     }
 
+    /// The mode as written in a pipeline.
     pub fn as_str(self) -> &'static str {
         match self {
             WriteMode::Upsert => "upsert",
@@ -173,7 +179,7 @@ pub enum ProjectionItem {
     },
     /// `expr [AS alias]`.
     Expr {
-        expr: SpannedExpr,
+        expr: Box<SpannedExpr>,
         alias: Option<Ident>,
     },
 }

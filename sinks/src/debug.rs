@@ -22,6 +22,7 @@ pub struct DebugSinkProvider {
 }
 
 impl DebugSinkProvider {
+    /// The `debug` kind's definition.
     pub fn new() -> Self {
         DebugSinkProvider {
             def: SinkKindDef {

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use arrow::array::{Array, RecordBatch};
+use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use arrow::util::display::array_value_to_string;
 use arrow_row::{RowConverter, SortField};
@@ -26,10 +26,18 @@ struct MemoryTable {
     schema: Option<SchemaRef>,
     mode: Option<WriteMode>,
     batches: Vec<RecordBatch>,
-    /// Upsert: key (row format) -> (batch, row) of its live image.
-    live: HashMap<Box<[u8]>, (u32, u32)>,
+    /// Upsert: key -> (batch, row) of its live image.
+    live: foldhash::HashMap<MemoryKey, (u32, u32)>,
     position: Option<String>,
     commits: Vec<(String, usize, usize)>,
+}
+
+/// A key of an upsert table: a single BIGINT as itself (the common case, no
+/// allocation), anything else in Arrow's row format.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum MemoryKey {
+    Int(i64),
+    Row(Box<[u8]>),
 }
 
 /// What a table holds, as text, for tests to compare.
@@ -134,6 +142,20 @@ impl MemoryStore {
             .map(MemoryTable::snapshot)
     }
 
+    /// Rows a table holds (live keys of an upsert table), without rendering
+    /// them.
+    pub fn row_count(&self, name: &str) -> Option<usize> {
+        self.tables
+            .lock()
+            .expect("tables lock")
+            .get(name)
+            .map(|t| match t.mode {
+                Some(WriteMode::Upsert) => t.live.len(),
+                _ => t.batches.iter().map(|b| b.num_rows()).sum(),
+            })
+    }
+
+    /// Arms faults for the next commits into this store.
     pub fn set_faults(&self, faults: Faults) {
         *self.faults.lock().expect("faults lock") = faults;
     }
@@ -145,6 +167,7 @@ pub struct MemorySinkProvider {
 }
 
 impl MemorySinkProvider {
+    /// The `memory` kind's definition.
     pub fn new() -> Self {
         MemorySinkProvider {
             def: SinkKindDef {
@@ -266,25 +289,35 @@ impl Sink for MemorySink {
             }
         }
         // Compute everything first: a failure leaves the table untouched.
-        let keys = if table.mode == WriteMode::Upsert {
+        let keys: Vec<MemoryKey> = if table.mode == WriteMode::Upsert {
             let columns: Vec<_> = table
                 .key_indices()
                 .iter()
                 .map(|i| Arc::clone(batch.rows.column(*i)))
                 .collect();
-            let converter = RowConverter::new(
-                columns
+            match columns.as_slice() {
+                [c] if c.data_type() == &arrow::datatypes::DataType::Int64 => c
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .values()
                     .iter()
-                    .map(|c| SortField::new(c.data_type().clone()))
+                    .map(|v| MemoryKey::Int(*v))
                     .collect(),
-            )
-            .map_err(|e| SinkError::Io(e.to_string()))?;
-            let rows = converter
-                .convert_columns(&columns)
-                .map_err(|e| SinkError::Io(e.to_string()))?;
-            (0..rows.num_rows())
-                .map(|i| Box::<[u8]>::from(rows.row(i).data()))
-                .collect()
+                _ => {
+                    let converter = RowConverter::new(
+                        columns
+                            .iter()
+                            .map(|c| SortField::new(c.data_type().clone()))
+                            .collect(),
+                    )
+                    .map_err(|e| SinkError::Io(e.to_string()))?;
+                    let rows = converter
+                        .convert_columns(&columns)
+                        .map_err(|e| SinkError::Io(e.to_string()))?;
+                    (0..rows.num_rows())
+                        .map(|i| MemoryKey::Row(Box::from(rows.row(i).data())))
+                        .collect()
+                }
+            }
         } else {
             Vec::new()
         };

@@ -459,7 +459,7 @@ fn route_query(query: ast::Query, at: Span) -> Result<RouteParts, Diagnostic> {
             SelectItem::UnnamedExpr(e) => {
                 let span = node_span(&e, at);
                 projection.push(ProjectionItem::Expr {
-                    expr: SpannedExpr { expr: e, span },
+                    expr: Box::new(SpannedExpr { expr: e, span }),
                     alias: None,
                 });
             }
@@ -473,7 +473,7 @@ fn route_query(query: ast::Query, at: Span) -> Result<RouteParts, Diagnostic> {
                 let alias_span =
                     Span::new(alias.span.start.line as u32, alias.span.start.column as u32);
                 projection.push(ProjectionItem::Expr {
-                    expr: SpannedExpr { expr, span },
+                    expr: Box::new(SpannedExpr { expr, span }),
                     alias: Some(Ident::new(name, alias_span)),
                 });
             }

@@ -611,10 +611,10 @@ impl YamlFront<'_, '_> {
         let expr =
             sqlparser::ast::Expr::Identifier(sqlparser::ast::Ident::new(format!("_{}", from.name)));
         Some(ProjectionItem::Expr {
-            expr: SpannedExpr {
+            expr: Box::new(SpannedExpr {
                 expr,
                 span: from.span,
-            },
+            }),
             alias: Some(alias.unwrap_or(from)),
         })
     }

@@ -35,6 +35,7 @@ pub struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    /// A cursor over one statement's tokens; `end` locates "unexpected end" errors.
     pub fn new(tokens: &'a [TokenWithSpan], end: Span) -> Self {
         Cursor {
             toks: tokens
@@ -46,10 +47,12 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// The next token, not consumed.
     pub fn peek(&self) -> Option<&'a TokenWithSpan> {
         self.toks.get(self.pos).copied()
     }
 
+    /// Consumes the next token.
     pub fn next(&mut self) -> Option<&'a TokenWithSpan> {
         let t = self.toks.get(self.pos).copied();
         if t.is_some() {
@@ -75,6 +78,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// True when the next token is the (unquoted) keyword.
     pub fn is_keyword(&self, kw: Keyword) -> bool {
         matches!(self.peek(), Some(TokenWithSpan { token: Token::Word(w), .. }) if w.keyword == kw && w.quote_style.is_none())
     }
@@ -84,6 +88,7 @@ impl<'a> Cursor<'a> {
         matches!(self.peek(), Some(TokenWithSpan { token: Token::Word(w), .. }) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(text))
     }
 
+    /// Consumes the keyword when it comes next.
     pub fn eat_keyword(&mut self, kw: Keyword) -> bool {
         if self.is_keyword(kw) {
             self.pos += 1;
@@ -93,6 +98,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// Consumes the word when it comes next.
     pub fn eat_word(&mut self, text: &str) -> bool {
         if self.is_word(text) {
             self.pos += 1;
@@ -102,6 +108,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// Consumes the word, or fails naming what came instead.
     pub fn expect_word(&mut self, text: &str) -> Result<(), Diagnostic> {
         if self.eat_word(text) {
             Ok(())
@@ -117,6 +124,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// Consumes the token when it comes next.
     pub fn eat(&mut self, token: &Token) -> bool {
         if self.peek().map(|t| &t.token) == Some(token) {
             self.pos += 1;
@@ -126,6 +134,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// Consumes the token, or fails naming what came instead.
     pub fn expect(&mut self, token: &Token) -> Result<(), Diagnostic> {
         if self.eat(token) {
             Ok(())
@@ -137,6 +146,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// An identifier (unquoted names fold to lower case).
     pub fn ident(&mut self, what: &str) -> Result<Ident, Diagnostic> {
         match self.peek() {
             Some(
@@ -155,6 +165,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// A dotted name.
     pub fn qualified_name(&mut self, what: &str) -> Result<QualifiedName, Diagnostic> {
         let first = self.ident(what)?;
         let mut parts = vec![first.name];
@@ -164,6 +175,7 @@ impl<'a> Cursor<'a> {
         Ok(QualifiedName::new(parts, first.span))
     }
 
+    /// Fails unless the statement is fully read.
     pub fn expect_end(&self) -> Result<(), Diagnostic> {
         match self.peek() {
             None => Ok(()),

@@ -23,6 +23,7 @@ pub struct SourceError {
 }
 
 impl SourceError {
+    /// A source error with this message.
     pub fn new(message: impl Into<String>) -> Self {
         SourceError {
             message: message.into(),

@@ -29,6 +29,7 @@ pub struct ChangeFilterExec {
 }
 
 impl ChangeFilterExec {
+    /// A filter over `input`.
     pub fn new(
         input: Arc<dyn ExecutionPlan>,
         predicate: Arc<dyn PhysicalExpr>,

@@ -5,7 +5,6 @@
 //! order of each key's last change.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::Arc;
@@ -71,7 +70,8 @@ fn winners(batch: &RecordBatch, key_indices: &[usize]) -> Result<Vec<u32>> {
         && batch.column(*k).null_count() == 0
     {
         let keys = batch.column(*k).as_primitive::<Int64Type>().values();
-        let mut seen: HashMap<i64, u32> = HashMap::with_capacity(n);
+        let mut seen: foldhash::HashMap<i64, u32> =
+            foldhash::HashMap::with_capacity_and_hasher(n, Default::default());
         for (i, key) in keys.iter().enumerate() {
             match seen.entry(*key) {
                 Entry::Occupied(mut e) => {
@@ -96,7 +96,8 @@ fn winners(batch: &RecordBatch, key_indices: &[usize]) -> Result<Vec<u32>> {
                 .collect(),
         )?;
         let rows = converter.convert_columns(&columns)?;
-        let mut seen: HashMap<&[u8], u32> = HashMap::with_capacity(n);
+        let mut seen: foldhash::HashMap<&[u8], u32> =
+            foldhash::HashMap::with_capacity_and_hasher(n, Default::default());
         for i in 0..n {
             match seen.entry(rows.row(i).data()) {
                 Entry::Occupied(mut e) => {

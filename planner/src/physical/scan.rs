@@ -38,6 +38,7 @@ pub struct ChangeTableProvider {
 }
 
 impl ChangeTableProvider {
+    /// The provider of a route's source table.
     pub fn new(schema: SchemaRef, info: ScanInfo, feed: Arc<RouteFeed>) -> Self {
         ChangeTableProvider { schema, info, feed }
     }
@@ -84,6 +85,7 @@ pub struct ChangeScanExec {
 }
 
 impl ChangeScanExec {
+    /// The scan reading `feed`.
     pub fn new(schema: SchemaRef, info: ScanInfo, feed: Arc<RouteFeed>) -> Self {
         ChangeScanExec {
             info,

@@ -47,6 +47,7 @@ pub struct SinkExec {
 }
 
 impl SinkExec {
+    /// The node committing `input` into `sink` for `target`.
     pub fn new(
         input: Arc<dyn ExecutionPlan>,
         sink: Arc<dyn Sink>,

@@ -6,7 +6,6 @@
 //! dropped.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -110,7 +109,7 @@ fn new_builder(ty: &CanonicalType, name: &str) -> Builder {
 /// Decodes the rows of one declared table.
 pub struct TableDecoder {
     columns: Vec<Column>,
-    index: HashMap<String, usize>,
+    index: foldhash::HashMap<String, usize>,
     set: Vec<bool>,
     context: ContextBuilder,
     schema: SchemaRef,
@@ -370,6 +369,112 @@ fn append_default(b: &mut Builder, line: u64) {
     }
 }
 
+/// The raw JSON text of the named top-level fields of a JSON object,
+/// scanning only as far as the last of them. `None` when the text is not a
+/// plain object (or a key uses escapes): the caller then decides the
+/// conservative way.
+pub fn top_level_fields<'a>(raw: &'a str, wanted: &[String]) -> Option<Vec<Option<&'a str>>> {
+    let b = raw.as_bytes();
+    let mut found: Vec<Option<&'a str>> = vec![None; wanted.len()];
+    let mut left = wanted.len();
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(found);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = i + 1 + memchr::memchr2(b'"', b'\\', &b[i + 1..])?;
+        if b[key_end] == b'\\' {
+            return None;
+        }
+        let key = &raw[i + 1..key_end];
+        i = skip_ws(b, key_end + 1);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let value_end = skip_value(b, i)?;
+        if let Some(k) = wanted.iter().position(|w| w == key)
+            && found[k].is_none()
+        {
+            found[k] = Some(&raw[i..value_end]);
+            left -= 1;
+            if left == 0 {
+                return Some(found);
+            }
+        }
+        i = skip_ws(b, value_end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some(found),
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    i
+}
+
+/// The end of the JSON value starting at `i`.
+fn skip_value(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => skip_string(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < b.len() {
+                match b[j] {
+                    b'"' => {
+                        j = skip_string(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            None
+        }
+        _ => {
+            let mut j = i;
+            while j < b.len() && !matches!(b[j], b',' | b'}' | b']') && !b[j].is_ascii_whitespace()
+            {
+                j += 1;
+            }
+            (j > i).then_some(j)
+        }
+    }
+}
+
+/// The end of the JSON string starting at `i` (its opening quote).
+fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        j += memchr::memchr2(b'"', b'\\', &b[j..])?;
+        if b[j] == b'\\' {
+            j += 2;
+        } else {
+            return Some(j + 1);
+        }
+    }
+}
+
 /// A value shown in an error: quoted if text, cut at 64 characters.
 fn shorten(text: &str) -> String {
     if text.chars().count() > 64 {
@@ -393,7 +498,7 @@ impl<'de> Visitor<'de> for RowVisitor<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
             match self.decoder.index.get(key.as_ref()) {
                 Some(&i) => {
                     if self.decoder.set[i] {
@@ -419,6 +524,28 @@ impl<'de> Visitor<'de> for RowVisitor<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// A field name, borrowed from the input unless it holds escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
@@ -456,10 +583,12 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
     }
     match &mut c.builder {
         Builder::Decimal(b, p, s) => {
-            let text = if raw.starts_with('"') {
-                serde_json::from_str::<String>(raw).map_err(|e| e.to_string())?
-            } else {
-                raw.to_string()
+            let text: Cow<str> = match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+                Some(inner) if !inner.contains('\\') => Cow::Borrowed(inner),
+                Some(_) => {
+                    Cow::Owned(serde_json::from_str::<String>(raw).map_err(|e| e.to_string())?)
+                }
+                None => Cow::Borrowed(raw),
             };
             let v = parse_decimal(&text, *p, *s)
                 .map_err(|why| format!("{} ({why})", mismatch(raw, &c.ty)))?;
@@ -485,6 +614,67 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
 /// fraction digits than `scale` or more digits than `precision` is an
 /// error, never a rounding.
 pub fn parse_decimal(text: &str, precision: u8, scale: u8) -> Result<i128, String> {
+    match parse_plain_decimal(text.trim().as_bytes(), precision, scale) {
+        Some(r) => r,
+        None => parse_decimal_general(text, precision, scale),
+    }
+}
+
+/// `[-+]digits[.digits]` without allocating; `None` for other forms
+/// (exponents), which take the general path.
+fn parse_plain_decimal(b: &[u8], precision: u8, scale: u8) -> Option<Result<i128, String>> {
+    let (neg, digits) = match b.first()? {
+        b'-' => (true, &b[1..]),
+        b'+' => (false, &b[1..]),
+        _ => (false, b),
+    };
+    let mut v: i128 = 0;
+    let mut frac = 0u32;
+    let mut dot = false;
+    let mut any = false;
+    for &c in digits {
+        match c {
+            b'0'..=b'9' => {
+                any = true;
+                if dot {
+                    if frac >= scale as u32 {
+                        // Digits past the scale must be zeros: they lose nothing.
+                        if c != b'0' {
+                            return Some(Err(format!("more than {scale} fraction digits")));
+                        }
+                        continue;
+                    }
+                    frac += 1;
+                }
+                v = match v
+                    .checked_mul(10)
+                    .and_then(|x| x.checked_add((c - b'0') as i128))
+                {
+                    Some(x) => x,
+                    None => return Some(Err("too many digits".into())),
+                };
+            }
+            b'.' if !dot => dot = true,
+            b'e' | b'E' => return None,
+            _ => return Some(Err("not a number".into())),
+        }
+    }
+    if !any {
+        return Some(Err("not a number".into()));
+    }
+    for _ in frac..scale as u32 {
+        v = match v.checked_mul(10) {
+            Some(x) => x,
+            None => return Some(Err("too many digits".into())),
+        };
+    }
+    if v >= 10i128.pow(precision as u32) {
+        return Some(Err(format!("more than {precision} digits")));
+    }
+    Some(Ok(if neg { -v } else { v }))
+}
+
+fn parse_decimal_general(text: &str, precision: u8, scale: u8) -> Result<i128, String> {
     let t = text.trim();
     let (neg, t) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
@@ -568,7 +758,7 @@ fn parse_zoned_timestamp(s: &str) -> Option<i64> {
 
 /// Microseconds, refusing sub-microsecond digits (they would be lost).
 fn exact_micros(secs: i64, nanos: u32) -> Option<i64> {
-    if nanos % 1000 != 0 {
+    if !nanos.is_multiple_of(1000) {
         return None;
     }
     secs.checked_mul(1_000_000)?
@@ -590,21 +780,21 @@ impl ValueVisitor<'_> {
     }
 
     fn int<E: de::Error>(self, v: i64) -> Result<(), E> {
-        let shown = v.to_string();
+        let out_of_range = |ty: &CanonicalType| E::custom(mismatch(&v.to_string(), ty));
         match &mut self.column.builder {
-            Builder::Int32(b) => b.append_value(
-                i32::try_from(v).map_err(|_| E::custom(mismatch(&shown, &CanonicalType::Int32)))?,
-            ),
+            Builder::Int32(b) => {
+                b.append_value(i32::try_from(v).map_err(|_| out_of_range(&CanonicalType::Int32))?)
+            }
             Builder::Int64(b) => b.append_value(v),
             Builder::UInt64(b) if v >= 0 => b.append_value(v as u64),
             Builder::Float32(b) if (v as f32) as i64 == v => b.append_value(v as f32),
             Builder::Float64(b) if (v as f64) as i64 == v => b.append_value(v as f64),
-            Builder::Date(b) => b.append_value(
-                i32::try_from(v).map_err(|_| E::custom(mismatch(&shown, &CanonicalType::Date)))?,
-            ),
+            Builder::Date(b) => {
+                b.append_value(i32::try_from(v).map_err(|_| out_of_range(&CanonicalType::Date))?)
+            }
             Builder::Time(b) if (0..MICROS_PER_DAY).contains(&v) => b.append_value(v),
             Builder::Timestamp(b) | Builder::TimestampTz(b) => b.append_value(v),
-            _ => return Err(self.fail(&shown)),
+            _ => return Err(self.fail(&v.to_string())),
         }
         Ok(())
     }
@@ -668,7 +858,7 @@ impl<'de> Visitor<'de> for ValueVisitor<'_> {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        let shown = format!("\"{}\"", v);
+        let shown = || format!("\"{v}\"");
         let ok = match &mut self.column.builder {
             Builder::Text(b) => {
                 b.append_value(v);
@@ -696,7 +886,7 @@ impl<'de> Visitor<'de> for ValueVisitor<'_> {
                 Ok(bytes) => {
                     return Err(E::custom(format!(
                         "value {} holds {} bytes, and FIXED({n}) needs exactly {n}",
-                        shorten(&shown),
+                        shorten(&shown()),
                         bytes.len()
                     )));
                 }
@@ -762,7 +952,7 @@ impl<'de> Visitor<'de> for ValueVisitor<'_> {
             },
             _ => false,
         };
-        if ok { Ok(()) } else { Err(self.fail(&shown)) }
+        if ok { Ok(()) } else { Err(self.fail(&shown())) }
     }
 
     fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<(), A::Error> {
@@ -793,6 +983,17 @@ mod tests {
         assert!(parse_decimal("1234", 3, 0).is_err());
         assert!(parse_decimal("abc", 3, 0).is_err());
         assert!(parse_decimal("", 3, 0).is_err());
+    }
+
+    #[test]
+    fn finds_top_level_fields_without_a_full_parse() {
+        let raw = r#"{"id": 7, "s": "a\"b}", "n": {"id": 9, "x": [1, "]"]}, "k": "z"}"#;
+        let f = top_level_fields(raw, &["k".to_string(), "id".to_string()]).unwrap();
+        assert_eq!(f, vec![Some("\"z\""), Some("7")]);
+        let f = top_level_fields(raw, &["missing".to_string()]).unwrap();
+        assert_eq!(f, vec![None]);
+        assert!(top_level_fields("[1]", &["a".to_string()]).is_none());
+        assert!(top_level_fields(r#"{"a": 1"#, &["b".to_string()]).is_none());
     }
 
     #[test]

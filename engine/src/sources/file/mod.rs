@@ -28,6 +28,7 @@ pub struct FileSourceProvider {
 }
 
 impl FileSourceProvider {
+    /// The `file` kind's definition.
     pub fn new() -> Self {
         FileSourceProvider {
             def: SourceKindDef {

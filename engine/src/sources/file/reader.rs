@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
-use urutau_planner::plan::SourceTablePlan;
+use urutau_planner::plan::{BeforeImages, SourceTablePlan};
 
-use super::decode::TableDecoder;
+use super::decode::{TableDecoder, top_level_fields};
 use crate::batching::BatchPolicy;
 use crate::change_batch::RowKind;
 use crate::position::{FilePosition, Position};
@@ -34,13 +34,16 @@ pub struct ReaderConfig {
     pub policy: BatchPolicy,
 }
 
-/// A routed table: its name parts and its planned schema.
+/// A routed table: its name parts, its decoder, and which update
+/// before-images its routes need.
 pub struct TableConfig {
     pub table: Vec<String>,
     pub decoder: TableDecoder,
+    pub before_images: BeforeImages,
 }
 
 impl TableConfig {
+    /// The reader's view of a planned table.
     pub fn from_plan(plan: &SourceTablePlan) -> Self {
         TableConfig {
             table: plan.table.clone(),
@@ -49,6 +52,27 @@ impl TableConfig {
                 Arc::clone(&plan.scan_schema),
                 plan.table.join("."),
             ),
+            before_images: plan.before_images.clone(),
+        }
+    }
+
+    /// Whether an update needs its before image emitted.
+    fn wants_before(&self, before: Option<&RawValue>, after: Option<&RawValue>) -> bool {
+        let Some(before) = before else { return false };
+        match &self.before_images {
+            BeforeImages::Never => false,
+            BeforeImages::Always => true,
+            BeforeImages::OnKeyChange(columns) => {
+                let Some(after) = after else { return true };
+                match (
+                    top_level_fields(before.get(), columns),
+                    top_level_fields(after.get(), columns),
+                ) {
+                    (Some(b), Some(a)) => b != a,
+                    // Not a plain object: the full decode will say why.
+                    _ => true,
+                }
+            }
         }
     }
 }
@@ -87,6 +111,18 @@ struct TransactionInfo<'a> {
     id: Option<&'a RawValue>,
 }
 
+/// The text form of a file position (as [`Position`]'s `Display`).
+fn write_position(out: &mut String, p: &FilePosition) {
+    use std::fmt::Write as _;
+    let _ = match &p.file {
+        Some(f) => write!(out, "{f}:{}", p.offset),
+        None => write!(out, "{}", p.offset),
+    };
+}
+
+/// The row images of one event (at most two), in emission order.
+type RowImages<'a> = [Option<(RowKind, Option<&'a RawValue>)>; 2];
+
 /// One file to read and where to stop (for `--exit-when-caught-up`).
 struct FileCursor {
     name: Option<String>,
@@ -115,6 +151,8 @@ struct Reader {
     warned: std::collections::HashSet<String>,
     /// A batch closed while handling a line (before its rows).
     ready: Option<SourceBatch>,
+    /// Reused for the text of positions.
+    pos_text: String,
 }
 
 fn list_dir(path: &Path) -> Result<Vec<(String, PathBuf)>, SourceError> {
@@ -202,6 +240,7 @@ impl Reader {
             batch_opened: None,
             warned: Default::default(),
             ready: None,
+            pos_text: String::new(),
             cfg,
         };
         let exit = reader.cfg.exit_when_caught_up;
@@ -360,10 +399,13 @@ impl Reader {
         let Some(pos) = self.position_here() else {
             return;
         };
-        let text = Position::File(pos.clone()).to_string();
-        for t in &mut self.cfg.tables {
-            if t.decoder.open_rows() > 0 {
-                t.decoder.close_transaction(&text);
+        if self.cfg.tables.iter().any(|t| t.decoder.open_rows() > 0) {
+            self.pos_text.clear();
+            write_position(&mut self.pos_text, &pos);
+            for t in &mut self.cfg.tables {
+                if t.decoder.open_rows() > 0 {
+                    t.decoder.close_transaction(&self.pos_text);
+                }
             }
         }
         self.open_tx = None;
@@ -468,22 +510,26 @@ impl Reader {
                 _ => false,
             });
         if let Some(idx) = idx {
-            let (kind_images, snapshot): (Vec<(RowKind, Option<&RawValue>)>, bool) = match op {
-                "c" => (vec![(RowKind::Insert, env.after)], false),
-                "r" => (vec![(RowKind::Insert, env.after)], true),
-                "u" => {
-                    let mut v = Vec::new();
-                    if env.before.is_some() {
-                        v.push((RowKind::UpdateBefore, env.before));
-                    }
-                    v.push((RowKind::Update, env.after));
-                    (v, false)
-                }
-                "d" => (vec![(RowKind::Delete, env.before)], false),
+            // At most two row images per event: no allocation per line.
+            let (images, snapshot): (RowImages<'_>, bool) = match op {
+                "c" => ([Some((RowKind::Insert, env.after)), None], false),
+                "r" => ([Some((RowKind::Insert, env.after)), None], true),
+                // The before image follows the after image: it is only
+                // emitted for a key the update left, which no other row of
+                // this update touches, so the order does not matter.
+                "u" => (
+                    [
+                        Some((RowKind::Update, env.after)),
+                        self.cfg.tables[idx]
+                            .wants_before(env.before, env.after)
+                            .then_some((RowKind::UpdateBefore, env.before)),
+                    ],
+                    false,
+                ),
+                "d" => ([Some((RowKind::Delete, env.before)), None], false),
                 other => return Err(self.error_at(format!("unknown op `{other}` (c, r, u, d)"))),
             };
-            let table_name = self.cfg.tables[idx].table.join(".");
-            for (kind, image) in kind_images {
+            for (kind, image) in images.into_iter().flatten() {
                 let Some(image) = image else {
                     let which = if kind == RowKind::Delete {
                         "before"
@@ -499,15 +545,17 @@ impl Reader {
                     .decoder
                     .append_row(image, kind, commit, snapshot, line);
                 if let Err(e) = result {
+                    let table_name = self.cfg.tables[idx].table.join(".");
                     return Err(self.error_at(format!("table {table_name}, {e}")));
                 }
                 self.batch_rows += 1;
             }
-            let undeclared: Vec<String> = self.cfg.tables[idx].decoder.undeclared.clone();
-            for u in undeclared {
-                let key = format!("{table_name}.{u}");
-                if self.warned.insert(key) {
-                    tracing::warn!(table = %table_name, field = %u, "the data has a field the table declaration lacks; it is not read");
+            if !self.cfg.tables[idx].decoder.undeclared.is_empty() {
+                let table_name = self.cfg.tables[idx].table.join(".");
+                for u in std::mem::take(&mut self.cfg.tables[idx].decoder.undeclared) {
+                    if self.warned.insert(format!("{table_name}.{u}")) {
+                        tracing::warn!(table = %table_name, field = %u, "the data has a field the table declaration lacks; it is not read");
+                    }
                 }
             }
         }
@@ -597,11 +645,13 @@ pub fn run_reader(
                     return;
                 }
                 let at_boundary = reader.open_tx.is_none();
+                let rows = reader.batch_lines.max(reader.batch_rows);
+                // The clock is read every 64 lines only; an idle source
+                // checks it while waiting.
                 if at_boundary
-                    && reader.cfg.policy.should_close(
-                        reader.batch_lines.max(reader.batch_rows),
-                        reader.batch_opened,
-                    )
+                    && (rows >= reader.cfg.policy.max_rows
+                        || (rows % 64 == 0
+                            && reader.cfg.policy.should_close(rows, reader.batch_opened)))
                 {
                     match reader.take_batch() {
                         Ok(Some(b)) => {
