@@ -609,10 +609,22 @@ pub fn run_reader(
     tx: mpsc::Sender<Result<SourceBatch, SourceError>>,
     stop: Arc<AtomicBool>,
 ) {
+    // Sends what `step` produced; false when the run must end (an error
+    // was sent, or nobody listens any more).
+    let send = |result: Result<Option<SourceBatch>, SourceError>| -> bool {
+        match result {
+            Ok(Some(b)) => tx.blocking_send(Ok(b)).is_ok(),
+            Ok(None) => true,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                false
+            }
+        }
+    };
     let mut reader = match Reader::new(cfg) {
         Ok(r) => r,
         Err(e) => {
-            let _ = tx.blocking_send(Err(e));
+            send(Err(e));
             return;
         }
     };
@@ -622,49 +634,33 @@ pub fn run_reader(
         .max_interval
         .min(Duration::from_millis(50))
         .max(Duration::from_millis(5));
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
+    while !stop.load(Ordering::Relaxed) {
         let read = match reader.read_line() {
             Ok(r) => r,
             Err(e) => {
-                let _ = tx.blocking_send(Err(e));
+                send(Err(e));
                 return;
             }
         };
         match read {
             LineRead::Line => {
                 if let Err(e) = reader.handle_line() {
-                    let _ = tx.blocking_send(Err(e));
+                    send(Err(e));
                     return;
                 }
-                if let Some(b) = reader.ready.take()
-                    && tx.blocking_send(Ok(b)).is_err()
-                {
+                if !send(Ok(reader.ready.take())) {
                     return;
                 }
-                let at_boundary = reader.open_tx.is_none();
                 let rows = reader.batch_lines.max(reader.batch_rows);
                 // The clock is read every 64 lines only; an idle source
                 // checks it while waiting.
-                if at_boundary
+                if reader.open_tx.is_none()
                     && (rows >= reader.cfg.policy.max_rows
                         || (rows % 64 == 0
                             && reader.cfg.policy.should_close(rows, reader.batch_opened)))
+                    && !send(reader.take_batch())
                 {
-                    match reader.take_batch() {
-                        Ok(Some(b)) => {
-                            if tx.blocking_send(Ok(b)).is_err() {
-                                return;
-                            }
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            let _ = tx.blocking_send(Err(e));
-                            return;
-                        }
-                    }
+                    return;
                 }
             }
             LineRead::Wait => {
@@ -674,17 +670,8 @@ pub fn run_reader(
                         .policy
                         .should_close(reader.batch_lines, reader.batch_opened)
                 {
-                    match reader.take_batch() {
-                        Ok(Some(b)) => {
-                            if tx.blocking_send(Ok(b)).is_err() {
-                                return;
-                            }
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            let _ = tx.blocking_send(Err(e));
-                            return;
-                        }
+                    if !send(reader.take_batch()) {
+                        return;
                     }
                 } else {
                     std::thread::sleep(poll);
@@ -695,15 +682,7 @@ pub fn run_reader(
                     reader.close_transaction();
                 }
                 if reader.batch_lines > 0 {
-                    match reader.take_batch() {
-                        Ok(Some(b)) => {
-                            let _ = tx.blocking_send(Ok(b));
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            let _ = tx.blocking_send(Err(e));
-                        }
-                    }
+                    send(reader.take_batch());
                 }
                 return;
             }
