@@ -1,5 +1,4 @@
-//! The option schemas and rules of the Iceberg, ClickHouse and Couchbase
-//! sinks. Their writers are built in their own issues; until then a
+//! The option schemas and rules of the ClickHouse and Couchbase sinks. Their writers are built in their own issues; until then a
 //! pipeline using one validates and plans, and `run` stops at
 //! `ensure_table` with a clear message instead of pretending to write.
 
@@ -18,111 +17,6 @@ const ALL_MODES: &[WriteMode] = &[
     WriteMode::Append,
     WriteMode::AppendIdempotent,
 ];
-
-fn iceberg_options() -> Vec<OptionDef> {
-    use OptionType as T;
-    vec![
-        OptionDef::new(
-            "catalog",
-            T::Enum(&["sql", "rest"]),
-            "sql (SQLite or Postgres catalog; the embedded default) | rest",
-        )
-        .default("sql"),
-        OptionDef::new(
-            "uri",
-            T::String,
-            "sql: sqlite://path or postgres://...; rest: http(s)://host/path",
-        )
-        .required(),
-        OptionDef::new(
-            "warehouse",
-            T::String,
-            "local path or s3://bucket/prefix (rest: the catalog's warehouse)",
-        ),
-        OptionDef::new("namespace", T::String, "namespace of one-part target names").required(),
-        OptionDef::new("client_id", T::String, "REST: OAuth2 client id"),
-        OptionDef::new("client_secret", T::String, "REST: OAuth2 client secret").secret(),
-        OptionDef::new("scope", T::String, "REST: OAuth2 scope"),
-        OptionDef::new(
-            "token",
-            T::String,
-            "REST: a bearer token instead of client credentials",
-        )
-        .secret(),
-        OptionDef::new(
-            "s3_endpoint",
-            T::String,
-            "S3 endpoint (MinIO, SeaweedFS, ...)",
-        ),
-        OptionDef::new("s3_region", T::String, "S3 region"),
-        OptionDef::new("s3_path_style", T::Bool, "S3 path-style addressing"),
-        OptionDef::new(
-            "s3_access_key_id",
-            T::String,
-            "S3 access key (default: AWS_ACCESS_KEY_ID)",
-        )
-        .secret(),
-        OptionDef::new(
-            "s3_secret_access_key",
-            T::String,
-            "S3 secret key (default: AWS_SECRET_ACCESS_KEY)",
-        )
-        .secret(),
-        OptionDef::new(
-            "evolve_schema",
-            T::Bool,
-            "add new source columns to the table",
-        ),
-        OptionDef::new("target_file_size", T::Size, "data file size to aim for"),
-        OptionDef::new("maintenance_enabled", T::Bool, "run table maintenance"),
-        OptionDef::new(
-            "maintenance_compaction_interval",
-            T::Duration,
-            "how often to compact",
-        ),
-        OptionDef::new(
-            "maintenance_compaction_target_file_size",
-            T::Size,
-            "compacted file size",
-        ),
-        OptionDef::new(
-            "maintenance_compaction_min_input_files",
-            T::Int {
-                min: 2,
-                max: 100_000,
-            },
-            "files a partition group needs before it is compacted",
-        ),
-        OptionDef::new(
-            "maintenance_snapshot_expiry_interval",
-            T::Duration,
-            "how often to expire snapshots",
-        ),
-        OptionDef::new(
-            "maintenance_snapshot_expiry_retain_last",
-            T::Int {
-                min: 1,
-                max: 1_000_000,
-            },
-            "snapshots always kept",
-        ),
-        OptionDef::new(
-            "maintenance_snapshot_expiry_max_age",
-            T::Duration,
-            "snapshots older than this expire (bounds how long a stopped pipeline can resume)",
-        ),
-        OptionDef::new(
-            "maintenance_orphan_cleanup_interval",
-            T::Duration,
-            "how often to remove orphan files",
-        ),
-        OptionDef::new(
-            "maintenance_orphan_cleanup_older_than",
-            T::Duration,
-            "only files older than this are orphans",
-        ),
-    ]
-}
 
 fn clickhouse_options() -> Vec<OptionDef> {
     use OptionType as T;
@@ -185,21 +79,6 @@ fn couchbase_partitioned_needs_atomic(
 /// The kinds whose writers are not in this build yet.
 pub fn planned_kinds() -> Vec<Arc<dyn SinkProvider>> {
     vec![
-        Arc::new(NotBuiltProvider {
-            def: SinkKindDef {
-                name: "iceberg",
-                exec_name: "IcebergSinkExec",
-                doc: "Apache Iceberg: upsert by equality delete, position in the table",
-                options: iceberg_options(),
-                maintenance: true,
-                partitioning: true,
-                partitioning_warning: None,
-                partitioned_tables: true,
-                write_modes: ALL_MODES,
-                namespace_option: Some("namespace"),
-                route_rules: vec![],
-            },
-        }),
         Arc::new(NotBuiltProvider {
             def: SinkKindDef {
                 name: "clickhouse",

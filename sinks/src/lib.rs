@@ -4,11 +4,13 @@
 //!
 //! - `debug`: prints each committed batch as a table (experiments).
 //! - `memory`: holds tables in process memory (engine tests).
-//! - `iceberg`, `clickhouse`, `couchbase`: their option schemas and rules are
+//! - `iceberg`: Apache Iceberg through a SQL catalog (SQLite or Postgres).
+//! - `clickhouse`, `couchbase`: their option schemas and rules are
 //!   registered so pipelines validate and plan; their writers are not in
 //!   this build yet, and running one fails with that message.
 
 pub mod debug;
+pub mod iceberg;
 pub mod kinds;
 pub mod memory;
 
@@ -20,6 +22,7 @@ use urutau_planner::registry::Registry;
 pub fn register(registry: &mut Registry) {
     registry.register_sink(Arc::new(debug::DebugSinkProvider::new()));
     registry.register_sink(Arc::new(memory::MemorySinkProvider::new()));
+    registry.register_sink(Arc::new(iceberg::IcebergSinkProvider::new()));
     for p in kinds::planned_kinds() {
         registry.register_sink(p);
     }

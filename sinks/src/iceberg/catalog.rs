@@ -1,0 +1,180 @@
+//! The catalog an Iceberg sink commits through.
+//!
+//! SQL catalog (SQLite — the embedded default — or Postgres): namespaces
+//! and tables are created and loaded with `iceberg-catalog-sql`; commits
+//! swap `iceberg_tables.metadata_location` with a compare-and-swap
+//! `UPDATE ... WHERE metadata_location = <old>` on the same tables, the
+//! layout PyIceberg and Java's JDBC catalog use. (iceberg 0.10.1's
+//! `Catalog::update_table` cannot carry delete files: its `TableCommit` is
+//! built only inside the crate.)
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use iceberg::io::LocalFsStorageFactory;
+use iceberg::table::Table;
+use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
+use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+use sqlx::any::AnyPoolOptions;
+use urutau_planner::sink::SinkError;
+
+use super::io_error;
+
+/// A connected SQL catalog.
+pub struct SqlCatalogConn {
+    catalog: SqlCatalog,
+    pool: sqlx::AnyPool,
+    /// The `catalog_name` column value of this catalog's rows.
+    name: String,
+    /// Postgres binds `$1`, SQLite `?`.
+    dollar: bool,
+}
+
+impl std::fmt::Debug for SqlCatalogConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlCatalogConn").field("name", &self.name).finish()
+    }
+}
+
+/// `sqlite://relative/path.db` -> `sqlite:///abs/path.db?mode=rwc`, with the
+/// parent directory created (the embedded default needs no set-up).
+fn sqlite_uri(uri: &str) -> Result<String, SinkError> {
+    let rest = uri.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let abs = absolute(Path::new(path))?;
+    if let Some(parent) = abs.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| SinkError::Io(format!("creating {}: {e}", parent.display())))?;
+    }
+    Ok(match query {
+        Some(q) => format!("sqlite://{}?{q}", abs.display()),
+        None => format!("sqlite://{}?mode=rwc", abs.display()),
+    })
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, SinkError> {
+    std::path::absolute(p).map_err(|e| SinkError::Io(format!("{}: {e}", p.display())))
+}
+
+/// A local warehouse directory as an absolute path (created if absent).
+pub fn local_warehouse(warehouse: &str) -> Result<String, SinkError> {
+    let path = warehouse.strip_prefix("file://").unwrap_or(warehouse);
+    let abs = absolute(Path::new(path))?;
+    std::fs::create_dir_all(&abs).map_err(|e| SinkError::Io(format!("creating {}: {e}", abs.display())))?;
+    Ok(abs.display().to_string())
+}
+
+impl SqlCatalogConn {
+    /// Connects (creating an SQLite file and the catalog tables if absent).
+    pub async fn connect(uri: &str, warehouse: &str, name: &str) -> Result<Self, SinkError> {
+        let (uri, dollar) = if uri.starts_with("sqlite:") {
+            (sqlite_uri(uri)?, false)
+        } else if uri.starts_with("postgres://") || uri.starts_with("postgresql://") {
+            (uri.to_string(), true)
+        } else {
+            return Err(SinkError::Io(
+                "a SQL catalog's uri is sqlite://path or postgres://...".to_string(),
+            ));
+        };
+        let warehouse = if warehouse.contains("://") && !warehouse.starts_with("file://") {
+            return Err(SinkError::Unavailable(format!(
+                "warehouse {warehouse}: object storage warehouses with the SQL catalog are not in this build; use a local path"
+            )));
+        } else {
+            local_warehouse(warehouse)?
+        };
+        sqlx::any::install_default_drivers();
+        let catalog = SqlCatalogBuilder::default()
+            .uri(uri.clone())
+            .warehouse_location(warehouse)
+            .sql_bind_style(if dollar {
+                SqlBindStyle::DollarNumeric
+            } else {
+                SqlBindStyle::QMark
+            })
+            .with_storage_factory(Arc::new(LocalFsStorageFactory))
+            .load(name, HashMap::new())
+            .await
+            .map_err(io_error("opening the SQL catalog"))?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(2)
+            .connect(&uri)
+            .await
+            .map_err(|e| SinkError::Io(format!("opening the SQL catalog: {e}")))?;
+        Ok(SqlCatalogConn {
+            catalog,
+            pool,
+            name: name.to_string(),
+            dollar,
+        })
+    }
+
+    /// The table, if it exists.
+    pub async fn load(&self, ident: &TableIdent) -> Result<Option<Table>, SinkError> {
+        let exists = self
+            .catalog
+            .table_exists(ident)
+            .await
+            .map_err(io_error("looking the table up"))?;
+        if !exists {
+            return Ok(None);
+        }
+        self.catalog
+            .load_table(ident)
+            .await
+            .map(Some)
+            .map_err(io_error("loading the table"))
+    }
+
+    /// Creates the table (and its namespace when absent).
+    pub async fn create(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table, SinkError> {
+        let ns: &NamespaceIdent = ident.namespace();
+        let has_ns = self
+            .catalog
+            .namespace_exists(ns)
+            .await
+            .map_err(io_error("looking the namespace up"))?;
+        if !has_ns {
+            self.catalog
+                .create_namespace(ns, HashMap::new())
+                .await
+                .map_err(io_error("creating the namespace"))?;
+        }
+        self.catalog
+            .create_table(ns, creation)
+            .await
+            .map_err(io_error("creating the table"))
+    }
+
+    /// Makes `new` the table's metadata if `old` still is; false when
+    /// another writer committed first.
+    pub async fn swap(&self, ident: &TableIdent, old: &str, new: &str) -> Result<bool, SinkError> {
+        let sql = match self.dollar {
+            false => {
+                "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
+                 WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
+                 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?"
+            }
+            true => {
+                "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 \
+                 WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 \
+                 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = $6"
+            }
+        };
+        let done = sqlx::query(sql)
+            .bind(new.to_string())
+            .bind(old.to_string())
+            .bind(self.name.clone())
+            .bind(ident.namespace().join("."))
+            .bind(ident.name().to_string())
+            .bind(old.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| SinkError::Io(format!("committing to the SQL catalog: {e}")))?;
+        Ok(done.rows_affected() == 1)
+    }
+}

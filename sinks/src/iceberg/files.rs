@@ -1,0 +1,102 @@
+//! Writing a batch's Parquet files: data files (split by partition) and
+//! equality-delete files (key columns only).
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use iceberg::arrow::{RecordBatchPartitionSplitter, arrow_schema_to_schema};
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat};
+use iceberg::table::Table;
+use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
+use iceberg::writer::file_writer::ParquetWriterBuilder;
+use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
+use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use urutau_planner::sink::SinkError;
+
+use super::io_error;
+
+fn properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .build()
+}
+
+/// File names unique across commits and processes.
+fn names(kind: &str) -> DefaultFileNameGenerator {
+    DefaultFileNameGenerator::new(format!("{kind}-{}", uuid::Uuid::now_v7()), None, DataFileFormat::Parquet)
+}
+
+/// Writes `batch` (the table's Arrow form) as data files, one set per
+/// partition.
+pub async fn write_data(table: &Table, batch: RecordBatch) -> Result<Vec<DataFile>, SinkError> {
+    if batch.num_rows() == 0 {
+        return Ok(vec![]);
+    }
+    let err = io_error("writing data files");
+    let md = table.metadata();
+    let schema = md.current_schema().clone();
+    let spec = md.default_partition_spec().clone();
+    let parts: Vec<(Option<iceberg::spec::PartitionKey>, RecordBatch)> = if spec.is_unpartitioned() {
+        vec![(None, batch)]
+    } else {
+        RecordBatchPartitionSplitter::try_new_with_computed_values(schema.clone(), spec)
+            .and_then(|s| s.split(&batch))
+            .map_err(&err)?
+            .into_iter()
+            .map(|(k, b)| (Some(k), b))
+            .collect()
+    };
+    let mut files = Vec::new();
+    for (key, part) in parts {
+        let rolling = RollingFileWriterBuilder::new_with_default_file_size(
+            ParquetWriterBuilder::new(properties(), schema.clone()),
+            table.file_io().clone(),
+            DefaultLocationGenerator::new(md).map_err(&err)?,
+            names("data"),
+        );
+        let mut w = DataFileWriterBuilder::new(rolling).build(key).await.map_err(&err)?;
+        w.write(part).await.map_err(&err)?;
+        files.extend(w.close().await.map_err(&err)?);
+    }
+    Ok(files)
+}
+
+/// Writes `keys` (key columns with their field ids) as equality-delete
+/// files on `key_ids`, under the partition spec `spec_id` (unpartitioned:
+/// the deletes apply to every partition, so a key whose row moved between
+/// partitions is still deleted).
+pub async fn write_equality_deletes(
+    table: &Table,
+    keys: RecordBatch,
+    key_ids: &[i32],
+    spec_id: i32,
+) -> Result<Vec<DataFile>, SinkError> {
+    if keys.num_rows() == 0 {
+        return Ok(vec![]);
+    }
+    let err = io_error("writing equality-delete files");
+    let key_schema = Arc::new(arrow_schema_to_schema(keys.schema().as_ref()).map_err(&err)?);
+    let mut w = RollingFileWriterBuilder::new_with_default_file_size(
+        ParquetWriterBuilder::new(properties(), key_schema),
+        table.file_io().clone(),
+        DefaultLocationGenerator::new(table.metadata()).map_err(&err)?,
+        names("eq-deletes"),
+    )
+    .build();
+    w.write(&None, &keys).await.map_err(&err)?;
+    w.close()
+        .await
+        .map_err(&err)?
+        .into_iter()
+        .map(|mut b| {
+            b.content(DataContentType::EqualityDeletes)
+                .equality_ids(Some(key_ids.to_vec()))
+                .partition_spec_id(spec_id);
+            b.build()
+                .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))
+        })
+        .collect()
+}

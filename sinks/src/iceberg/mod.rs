@@ -1,0 +1,403 @@
+//! The Iceberg sink: upsert by equality delete, one snapshot per batch with
+//! the position in it (see [`commit`]), tables created from the route's
+//! target, resume from the table itself.
+//!
+//! Catalogs: the SQL catalog on SQLite with a local warehouse (the embedded
+//! default) or on Postgres. The REST catalog and object-storage warehouses
+//! are not in this build yet; asking for them is a clear error at run time.
+
+mod catalog;
+pub mod commit;
+mod files;
+pub mod schema;
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::compute::{filter_record_batch, not};
+use arrow::datatypes::SchemaRef as ArrowSchemaRef;
+use async_trait::async_trait;
+use iceberg::arrow::schema_to_arrow_schema;
+use iceberg::spec::{PartitionSpecRef, UnboundPartitionSpec};
+use iceberg::table::Table;
+use iceberg::{TableCreation, TableIdent};
+use tokio::sync::{Mutex, OnceCell};
+use urutau_planner::options::{OptionDef, OptionType};
+use urutau_planner::registry::{SinkKindDef, SinkProvider};
+use urutau_planner::sink::{Sink, SinkBatch, SinkError};
+use urutau_planner::spec::{SinkSpec, WriteMode};
+use urutau_planner::target::TargetTable;
+
+use catalog::SqlCatalogConn;
+use commit::RowDelta;
+
+/// Maps an error of the iceberg crate (or any other) into a sink error with
+/// what was being done.
+pub(crate) fn io_error<E: Display>(doing: &'static str) -> impl Fn(E) -> SinkError {
+    move |e| SinkError::Io(format!("{doing}: {e}"))
+}
+
+/// Catalog commits retried after a conflict (each with a fresh table load).
+const COMMIT_TRIES: u32 = 5;
+/// First retry delay; doubles each time.
+const RETRY_BACKOFF: Duration = Duration::from_millis(200);
+
+fn options() -> Vec<OptionDef> {
+    use OptionType as T;
+    vec![
+        OptionDef::new("catalog", T::Enum(&["sql", "rest"]), "sql (SQLite or Postgres catalog; the embedded default) | rest").default("sql"),
+        OptionDef::new("uri", T::String, "sql: sqlite://path or postgres://...; rest: http(s)://host/path").required(),
+        OptionDef::new("warehouse", T::String, "local path or s3://bucket/prefix (rest: the catalog's warehouse)").default("warehouse"),
+        OptionDef::new("namespace", T::String, "namespace of one-part target names").required(),
+        OptionDef::new("catalog_name", T::String, "sql: the catalog_name of the catalog's rows (default: the sink's name)"),
+        OptionDef::new("client_id", T::String, "REST: OAuth2 client id"),
+        OptionDef::new("client_secret", T::String, "REST: OAuth2 client secret").secret(),
+        OptionDef::new("scope", T::String, "REST: OAuth2 scope"),
+        OptionDef::new("token", T::String, "REST: a bearer token instead of client credentials").secret(),
+        OptionDef::new("s3_endpoint", T::String, "S3 endpoint (MinIO, SeaweedFS, ...)"),
+        OptionDef::new("s3_region", T::String, "S3 region"),
+        OptionDef::new("s3_path_style", T::Bool, "S3 path-style addressing"),
+        OptionDef::new("s3_access_key_id", T::String, "S3 access key (default: AWS_ACCESS_KEY_ID)").secret(),
+        OptionDef::new("s3_secret_access_key", T::String, "S3 secret key (default: AWS_SECRET_ACCESS_KEY)").secret(),
+        OptionDef::new("maintenance_enabled", T::Bool, "run table maintenance"),
+        OptionDef::new("maintenance_compaction_interval", T::Duration, "how often to compact"),
+        OptionDef::new("maintenance_compaction_target_file_size", T::Size, "compacted file size"),
+        OptionDef::new("maintenance_compaction_min_input_files", T::Int { min: 2, max: 100_000 }, "files a partition group needs before it is compacted"),
+        OptionDef::new("maintenance_snapshot_expiry_interval", T::Duration, "how often to expire snapshots"),
+        OptionDef::new("maintenance_snapshot_expiry_retain_last", T::Int { min: 1, max: 1_000_000 }, "snapshots always kept"),
+        OptionDef::new("maintenance_snapshot_expiry_max_age", T::Duration, "snapshots older than this expire (bounds how long a stopped pipeline can resume)"),
+        OptionDef::new("maintenance_orphan_cleanup_interval", T::Duration, "how often to remove orphan files"),
+        OptionDef::new("maintenance_orphan_cleanup_older_than", T::Duration, "only files older than this are orphans"),
+    ]
+}
+
+/// Registers the `iceberg` kind.
+pub struct IcebergSinkProvider {
+    def: SinkKindDef,
+}
+
+impl IcebergSinkProvider {
+    /// The `iceberg` kind's definition.
+    pub fn new() -> Self {
+        IcebergSinkProvider {
+            def: SinkKindDef {
+                name: "iceberg",
+                exec_name: "IcebergSinkExec",
+                doc: "Apache Iceberg: upsert by equality delete, one snapshot per batch, position in the table",
+                options: options(),
+                maintenance: true,
+                partitioning: true,
+                partitioning_warning: None,
+                partitioned_tables: true,
+                write_modes: &[WriteMode::Upsert, WriteMode::Append, WriteMode::AppendIdempotent],
+                namespace_option: Some("namespace"),
+                route_rules: vec![],
+            },
+        }
+    }
+}
+
+impl Default for IcebergSinkProvider {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SinkProvider for IcebergSinkProvider {
+    fn def(&self) -> &SinkKindDef {
+        &self.def
+    }
+
+    fn open(&self, spec: &SinkSpec) -> Result<Arc<dyn Sink>, SinkError> {
+        let get = |k: &str| spec.options.get(k).map(str::to_string);
+        Ok(Arc::new(IcebergSink {
+            name: spec.name.name.clone(),
+            catalog: get("catalog").unwrap_or_else(|| "sql".into()),
+            uri: get("uri").unwrap_or_default(),
+            warehouse: get("warehouse").unwrap_or_else(|| "warehouse".into()),
+            catalog_name: get("catalog_name").unwrap_or_else(|| spec.name.name.clone()),
+            maintenance: spec.options.entries.iter().any(|e| e.name == "maintenance_enabled" && e.value.text == "true"),
+            conn: OnceCell::new(),
+            tables: Mutex::new(HashMap::new()),
+        }))
+    }
+}
+
+/// One table the sink writes, as loaded.
+struct TableState {
+    ident: TableIdent,
+    table: Table,
+    /// The table's Arrow schema (field ids, Iceberg's nested names).
+    arrow: ArrowSchemaRef,
+    /// Key columns: their positions in `arrow` and their field ids.
+    key_indices: Vec<usize>,
+    key_ids: Vec<i32>,
+    /// The spec equality deletes are written with (unpartitioned, so they
+    /// apply in every partition).
+    delete_spec: PartitionSpecRef,
+}
+
+/// The Iceberg sink.
+pub struct IcebergSink {
+    name: String,
+    catalog: String,
+    uri: String,
+    warehouse: String,
+    catalog_name: String,
+    maintenance: bool,
+    conn: OnceCell<SqlCatalogConn>,
+    tables: Mutex<HashMap<String, Arc<Mutex<TableState>>>>,
+}
+
+impl std::fmt::Debug for IcebergSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IcebergSink").field("name", &self.name).finish()
+    }
+}
+
+fn ident_of(target: &TargetTable) -> Result<TableIdent, SinkError> {
+    TableIdent::from_strs(&target.name).map_err(io_error("the table name"))
+}
+
+impl IcebergSink {
+    async fn conn(&self) -> Result<&SqlCatalogConn, SinkError> {
+        if self.catalog == "rest" {
+            return Err(SinkError::Unavailable(format!(
+                "sink `{}`: the REST catalog is not in this build yet; use catalog = 'sql'",
+                self.name
+            )));
+        }
+        if self.maintenance {
+            return Err(SinkError::Unavailable(format!(
+                "sink `{}`: table maintenance is not in this build yet; remove the maintenance settings rather than have them silently not run",
+                self.name
+            )));
+        }
+        self.conn
+            .get_or_try_init(|| SqlCatalogConn::connect(&self.uri, &self.warehouse, &self.catalog_name))
+            .await
+    }
+
+    async fn state(&self, target: &TargetTable) -> Result<Arc<Mutex<TableState>>, SinkError> {
+        let key = target.display_name();
+        if let Some(s) = self.tables.lock().await.get(&key) {
+            return Ok(Arc::clone(s));
+        }
+        self.ensure_table(target).await?;
+        self.tables
+            .lock()
+            .await
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| SinkError::Io(format!("table {key} was not prepared")))
+    }
+
+    async fn reload(&self, ident: &TableIdent) -> Result<Table, SinkError> {
+        self.conn()
+            .await?
+            .load(ident)
+            .await?
+            .ok_or_else(|| SinkError::Io(format!("table {ident} no longer exists in the catalog")))
+    }
+
+    /// Adds an unpartitioned spec to a partitioned table (for global
+    /// equality deletes) unless it has one; returns the table and the spec.
+    async fn delete_spec(&self, mut table: Table) -> Result<(Table, PartitionSpecRef), SinkError> {
+        for attempt in 0..COMMIT_TRIES {
+            let md = table.metadata();
+            let found = if md.default_partition_spec().is_unpartitioned() {
+                Some(md.default_partition_spec().clone())
+            } else {
+                md.partition_specs_iter().find(|s| s.is_unpartitioned()).cloned()
+            };
+            if let Some(spec) = found {
+                return Ok((table, spec));
+            }
+            let current = table.metadata_location_result().map_err(io_error("the table"))?.to_string();
+            let new = md
+                .clone()
+                .into_builder(Some(current.clone()))
+                .add_partition_spec(UnboundPartitionSpec::builder().build())
+                .and_then(|b| b.build())
+                .map_err(io_error("adding an unpartitioned spec"))?
+                .metadata;
+            let (new, location) = commit::write_metadata(&table, new, &current).await?;
+            if self.conn().await?.swap(table.identifier(), &current, &location).await? {
+                table = commit::committed_table(&table, new, location)?;
+            } else {
+                tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
+                table = self.reload(table.identifier()).await?;
+            }
+        }
+        Err(SinkError::Io("adding an unpartitioned spec: too many conflicts".into()))
+    }
+
+    /// Swaps in what `build` makes of the current table, reloading and
+    /// rebuilding after a conflict; a commit whose outcome is unknown is
+    /// looked for by its id before it is tried again.
+    async fn commit_with_retries(&self, state: &mut TableState, delta: &RowDelta, position_only: bool) -> Result<(), SinkError> {
+        let conn = self.conn().await?;
+        let mut table = state.table.clone();
+        let mut last_error = None;
+        for attempt in 0..COMMIT_TRIES {
+            if attempt > 0 {
+                tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt - 1)).await;
+                table = self.reload(&state.ident).await?;
+                if !position_only && commit::holds_commit(table.metadata(), &delta.commit_id) {
+                    state.table = table;
+                    return Ok(());
+                }
+            }
+            let (metadata, location) = if position_only {
+                commit::build_position_only(&table, &delta.position).await?
+            } else {
+                commit::build_row_delta(&table, delta).await?
+            };
+            let current = table.metadata_location_result().map_err(io_error("the table"))?.to_string();
+            match conn.swap(&state.ident, &current, &location).await {
+                Ok(true) => {
+                    state.table = commit::committed_table(&table, metadata, location)?;
+                    return Ok(());
+                }
+                Ok(false) => {
+                    tracing::info!(table = %state.ident, attempt, "commit conflict: reloading and retrying");
+                    last_error = Some(SinkError::Io("another writer committed first".into()));
+                }
+                Err(e) => {
+                    tracing::warn!(table = %state.ident, attempt, error = %e, "commit failed: checking whether it landed");
+                    last_error = Some(e);
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| SinkError::Io("commit failed".into())))
+    }
+}
+
+#[async_trait]
+impl Sink for IcebergSink {
+    async fn ensure_table(&self, target: &TargetTable) -> Result<(), SinkError> {
+        let conn = self.conn().await?;
+        let ident = ident_of(target)?;
+        let wanted = schema::table_schema(target).map_err(io_error("the table's schema"))?;
+        let table = match conn.load(&ident).await? {
+            Some(t) => {
+                let problems = schema::check_existing(t.metadata().current_schema(), &wanted);
+                if !problems.is_empty() {
+                    return Err(SinkError::TableMismatch(format!(
+                        "{ident} exists and does not match route {}: {}",
+                        target.display_name(),
+                        problems.join("; ")
+                    )));
+                }
+                t
+            }
+            None => {
+                let spec = schema::partition_spec(&target.partition_by, &wanted).map_err(io_error("the partition spec"))?;
+                let order = schema::sort_order(target, &wanted).map_err(io_error("the sort order"))?;
+                let mut properties = vec![("write.format.default".to_string(), "parquet".to_string())];
+                if target.mode == WriteMode::Upsert {
+                    properties.push(("write.upsert.enabled".to_string(), "true".to_string()));
+                }
+                let creation = TableCreation::builder()
+                    .name(ident.name().to_string())
+                    .schema(wanted)
+                    .partition_spec(spec)
+                    .sort_order(order)
+                    .properties(properties)
+                    .build();
+                let t = conn.create(&ident, creation).await?;
+                tracing::info!(table = %ident, "created the table");
+                t
+            }
+        };
+        let (table, delete_spec) = if target.mode == WriteMode::Upsert {
+            self.delete_spec(table).await?
+        } else {
+            let spec = table.metadata().default_partition_spec().clone();
+            (table, spec)
+        };
+        // Field ids come from the table (creation reassigns them).
+        let current = table.metadata().current_schema().clone();
+        let arrow = Arc::new(schema_to_arrow_schema(&current).map_err(io_error("the table's Arrow schema"))?);
+        let mut key_indices = Vec::new();
+        let mut key_ids = Vec::new();
+        for k in &target.key {
+            let i = arrow
+                .index_of(k)
+                .map_err(|_| SinkError::TableMismatch(format!("{ident} has no key column `{k}`")))?;
+            key_indices.push(i);
+            key_ids.push(current.field_id_by_name(k).unwrap_or_default());
+        }
+        self.tables.lock().await.insert(
+            target.display_name(),
+            Arc::new(Mutex::new(TableState {
+                ident,
+                table,
+                arrow,
+                key_indices,
+                key_ids,
+                delete_spec,
+            })),
+        );
+        Ok(())
+    }
+
+    async fn committed_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {
+        let state = self.state(target).await?;
+        let s = state.lock().await;
+        Ok(commit::committed_position(s.table.metadata()))
+    }
+
+    async fn commit(&self, target: &TargetTable, batch: &SinkBatch, position: &str) -> Result<(), SinkError> {
+        let state = self.state(target).await?;
+        let mut s = state.lock().await;
+        let mut delta = RowDelta {
+            data_files: vec![],
+            delete_files: vec![],
+            delete_spec: s.delete_spec.clone(),
+            position: position.to_string(),
+            commit_id: uuid::Uuid::now_v7().to_string(),
+        };
+        if batch.rows.num_rows() == 0 {
+            // Progress without changes: no files, no snapshot.
+            if commit::committed_position(s.table.metadata()).as_deref() == Some(position) {
+                return Ok(());
+            }
+            return self.commit_with_retries(&mut s, &delta, true).await;
+        }
+        let rows = conform_by_name(&batch.rows, &s.arrow).map_err(SinkError::Rejected)?;
+        let data = match target.mode {
+            WriteMode::Upsert => {
+                let keep = not(&batch.deletes).map_err(io_error("selecting rows"))?;
+                let keys: Vec<ArrayRef> = s.key_indices.iter().map(|i| Arc::clone(rows.column(*i))).collect();
+                let keys = RecordBatch::try_new(schema::key_schema(&s.arrow, &s.key_indices), keys)
+                    .map_err(io_error("the key columns"))?;
+                delta.delete_files =
+                    files::write_equality_deletes(&s.table, keys, &s.key_ids, s.delete_spec.spec_id()).await?;
+                filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?
+            }
+            WriteMode::Append | WriteMode::AppendIdempotent => rows,
+        };
+        delta.data_files = files::write_data(&s.table, data).await?;
+        self.commit_with_retries(&mut s, &delta, false).await
+    }
+}
+
+/// The batch's columns matched to the table's by name, in the table's
+/// Arrow form.
+fn conform_by_name(batch: &RecordBatch, table: &ArrowSchemaRef) -> Result<RecordBatch, String> {
+    let columns = table
+        .fields()
+        .iter()
+        .map(|f| {
+            let c = batch
+                .column_by_name(f.name())
+                .ok_or_else(|| format!("the batch has no column {}", f.name()))?;
+            schema::conform(c, f.data_type()).map_err(|e| format!("column {}: {e}", f.name()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(Arc::clone(table), columns).map_err(|e| e.to_string())
+}
