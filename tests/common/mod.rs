@@ -35,3 +35,77 @@ pub fn unique(prefix: &str) -> String {
 pub fn show(d: &Diagnostics) -> String {
     d.items.iter().map(|i| format!("{i}\n")).collect()
 }
+
+/// The Python of the test harness's virtualenv (DuckDB and its Iceberg
+/// extension): `URUTAU_TEST_PYTHON`, or the default venv `tests/harness/setup`
+/// creates. Missing: a failure in CI, a skip (with the reason printed)
+/// elsewhere.
+pub fn harness_python() -> Option<std::path::PathBuf> {
+    let candidate = std::env::var("URUTAU_TEST_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::PathBuf::from("/var/tmp/urutau-test-venv/bin/python"));
+    if candidate.exists() {
+        return Some(candidate);
+    }
+    let why = format!(
+        "the test readers are not installed ({} is missing): run tests/harness/setup",
+        candidate.display()
+    );
+    if std::env::var_os("CI").is_some() {
+        panic!("{why}");
+    }
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
+/// Rows of an Iceberg table as DuckDB reads them (`iceberg_scan` of the
+/// metadata file), ordered by `order_by`.
+pub fn duckdb_rows(
+    python: &std::path::Path,
+    metadata: &str,
+    order_by: &str,
+) -> Vec<serde_json::Value> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/iceberg_read.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(metadata)
+        .args(["--order-by", order_by])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "DuckDB could not read {metadata}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The metadata location a SQL catalog (SQLite file) holds for a table.
+pub async fn catalog_metadata_location(
+    db: &std::path::Path,
+    namespace: &str,
+    table: &str,
+) -> Option<String> {
+    use sqlx::Row;
+    let url = format!("sqlite://{}?mode=ro", db.display());
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .ok()?;
+    let row = sqlx::query(
+        "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?",
+    )
+    .bind(namespace)
+    .bind(table)
+    .fetch_optional(&pool)
+    .await
+    .ok()??;
+    pool.close().await;
+    row.try_get::<String, _>(0).ok()
+}

@@ -33,14 +33,18 @@ pub struct SqlCatalogConn {
 
 impl std::fmt::Debug for SqlCatalogConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlCatalogConn").field("name", &self.name).finish()
+        f.debug_struct("SqlCatalogConn")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
 /// `sqlite://relative/path.db` -> `sqlite:///abs/path.db?mode=rwc`, with the
 /// parent directory created (the embedded default needs no set-up).
 fn sqlite_uri(uri: &str) -> Result<String, SinkError> {
-    let rest = uri.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+    let rest = uri
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
     let (path, query) = match rest.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (rest, None),
@@ -64,7 +68,8 @@ fn absolute(p: &Path) -> Result<PathBuf, SinkError> {
 pub fn local_warehouse(warehouse: &str) -> Result<String, SinkError> {
     let path = warehouse.strip_prefix("file://").unwrap_or(warehouse);
     let abs = absolute(Path::new(path))?;
-    std::fs::create_dir_all(&abs).map_err(|e| SinkError::Io(format!("creating {}: {e}", abs.display())))?;
+    std::fs::create_dir_all(&abs)
+        .map_err(|e| SinkError::Io(format!("creating {}: {e}", abs.display())))?;
     Ok(abs.display().to_string())
 }
 
@@ -131,7 +136,11 @@ impl SqlCatalogConn {
     }
 
     /// Creates the table (and its namespace when absent).
-    pub async fn create(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table, SinkError> {
+    pub async fn create(
+        &self,
+        ident: &TableIdent,
+        creation: TableCreation,
+    ) -> Result<Table, SinkError> {
         let ns: &NamespaceIdent = ident.namespace();
         let has_ns = self
             .catalog

@@ -65,14 +65,28 @@ fn new_snapshot_id(md: &TableMetadata) -> i64 {
 /// additions (Java's convention: equality-deleted rows are not subtracted
 /// from `total-records`).
 fn add_totals(props: &mut HashMap<String, String>, parent: Option<&Summary>) {
-    let get = |m: &HashMap<String, String>, k: &str| -> u64 { m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0) };
+    let get = |m: &HashMap<String, String>, k: &str| -> u64 {
+        m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
     for (total, added, removed) in [
         ("total-data-files", "added-data-files", "deleted-data-files"),
-        ("total-delete-files", "added-delete-files", "removed-delete-files"),
+        (
+            "total-delete-files",
+            "added-delete-files",
+            "removed-delete-files",
+        ),
         ("total-records", "added-records", "deleted-records"),
         ("total-files-size", "added-files-size", "removed-files-size"),
-        ("total-position-deletes", "added-position-deletes", "removed-position-deletes"),
-        ("total-equality-deletes", "added-equality-deletes", "removed-equality-deletes"),
+        (
+            "total-position-deletes",
+            "added-position-deletes",
+            "removed-position-deletes",
+        ),
+        (
+            "total-equality-deletes",
+            "added-equality-deletes",
+            "removed-equality-deletes",
+        ),
     ] {
         let before = parent.map_or(0, |s| get(&s.additional_properties, total));
         let value = (before + get(props, added)).saturating_sub(get(props, removed));
@@ -83,7 +97,10 @@ fn add_totals(props: &mut HashMap<String, String>, parent: Option<&Summary>) {
 /// New metadata for `table` with the row delta as the main branch's new
 /// snapshot and `cdc.position` set. Writes the manifests, the manifest list
 /// and the metadata file; returns the new metadata and its location.
-pub async fn build_row_delta(table: &Table, delta: &RowDelta) -> Result<(TableMetadata, String), SinkError> {
+pub async fn build_row_delta(
+    table: &Table,
+    delta: &RowDelta,
+) -> Result<(TableMetadata, String), SinkError> {
     let md = table.metadata();
     let io = table.file_io();
     let schema = md.current_schema().clone();
@@ -116,16 +133,26 @@ pub async fn build_row_delta(table: &Table, delta: &RowDelta) -> Result<(TableMe
 
     let mut manifests: Vec<ManifestFile> = Vec::new();
     if !delta.data_files.is_empty() {
-        let out = io.new_output(format!("{dir}/{commit}-m0.avro")).map_err(&err)?;
-        let mut w =
-            ManifestWriterBuilder::new(out, Some(snapshot_id), schema.clone(), spec.as_ref().clone()).build_v2_data();
+        let out = io
+            .new_output(format!("{dir}/{commit}-m0.avro"))
+            .map_err(&err)?;
+        let mut w = ManifestWriterBuilder::new(
+            out,
+            Some(snapshot_id),
+            schema.clone(),
+            spec.as_ref().clone(),
+        )
+        .build_v2_data();
         for f in &delta.data_files {
-            w.add_file(f.clone(), UNASSIGNED_SEQUENCE_NUMBER).map_err(&err)?;
+            w.add_file(f.clone(), UNASSIGNED_SEQUENCE_NUMBER)
+                .map_err(&err)?;
         }
         manifests.push(w.write_manifest_file().await.map_err(&err)?);
     }
     if !delta.delete_files.is_empty() {
-        let out = io.new_output(format!("{dir}/{commit}-m1.avro")).map_err(&err)?;
+        let out = io
+            .new_output(format!("{dir}/{commit}-m1.avro"))
+            .map_err(&err)?;
         let mut w = ManifestWriterBuilder::new(
             out,
             Some(snapshot_id),
@@ -134,7 +161,8 @@ pub async fn build_row_delta(table: &Table, delta: &RowDelta) -> Result<(TableMe
         )
         .build_v2_deletes();
         for f in &delta.delete_files {
-            w.add_file(f.clone(), UNASSIGNED_SEQUENCE_NUMBER).map_err(&err)?;
+            w.add_file(f.clone(), UNASSIGNED_SEQUENCE_NUMBER)
+                .map_err(&err)?;
         }
         manifests.push(w.write_manifest_file().await.map_err(&err)?);
     }
@@ -146,7 +174,11 @@ pub async fn build_row_delta(table: &Table, delta: &RowDelta) -> Result<(TableMe
     }
     let list_path = format!("{dir}/snap-{snapshot_id}-0-{commit}.avro");
     let mut list = ManifestListWriter::v2(
-        io.new_output(&list_path).map_err(&err)?.writer().await.map_err(&err)?,
+        io.new_output(&list_path)
+            .map_err(&err)?
+            .writer()
+            .await
+            .map_err(&err)?,
         snapshot_id,
         parent_id,
         seq,
@@ -171,7 +203,12 @@ pub async fn build_row_delta(table: &Table, delta: &RowDelta) -> Result<(TableMe
         .clone()
         .into_builder(Some(current.clone()))
         .set_branch_snapshot(snapshot, MAIN_BRANCH)
-        .and_then(|b| b.set_properties(HashMap::from([(POSITION_KEY.to_string(), delta.position.clone())])))
+        .and_then(|b| {
+            b.set_properties(HashMap::from([(
+                POSITION_KEY.to_string(),
+                delta.position.clone(),
+            )]))
+        })
         .and_then(|b| b.build())
         .map_err(&err)?
         .metadata;
@@ -180,14 +217,20 @@ pub async fn build_row_delta(table: &Table, delta: &RowDelta) -> Result<(TableMe
 
 /// New metadata with only `cdc.position` changed (progress without data:
 /// no snapshot, no files).
-pub async fn build_position_only(table: &Table, position: &str) -> Result<(TableMetadata, String), SinkError> {
+pub async fn build_position_only(
+    table: &Table,
+    position: &str,
+) -> Result<(TableMetadata, String), SinkError> {
     let err = io_error("writing the table metadata");
     let current = table.metadata_location_result().map_err(&err)?.to_string();
     let new = table
         .metadata()
         .clone()
         .into_builder(Some(current.clone()))
-        .set_properties(HashMap::from([(POSITION_KEY.to_string(), position.to_string())]))
+        .set_properties(HashMap::from([(
+            POSITION_KEY.to_string(),
+            position.to_string(),
+        )]))
         .and_then(|b| b.build())
         .map_err(&err)?
         .metadata;
@@ -195,18 +238,29 @@ pub async fn build_position_only(table: &Table, position: &str) -> Result<(Table
 }
 
 /// Writes `metadata` as the next version after `current`.
-pub async fn write_metadata(table: &Table, metadata: TableMetadata, current: &str) -> Result<(TableMetadata, String), SinkError> {
+pub async fn write_metadata(
+    table: &Table,
+    metadata: TableMetadata,
+    current: &str,
+) -> Result<(TableMetadata, String), SinkError> {
     let err = io_error("writing the table metadata");
     let location = MetadataLocation::from_str(current)
         .map_err(&err)?
         .with_next_version()
         .with_new_metadata(&metadata);
-    metadata.write_to(table.file_io(), &location).await.map_err(&err)?;
+    metadata
+        .write_to(table.file_io(), &location)
+        .await
+        .map_err(&err)?;
     Ok((metadata, location.to_string()))
 }
 
 /// The table as it is after a successful swap.
-pub fn committed_table(table: &Table, metadata: TableMetadata, location: String) -> Result<Table, SinkError> {
+pub fn committed_table(
+    table: &Table,
+    metadata: TableMetadata,
+    location: String,
+) -> Result<Table, SinkError> {
     let err = io_error("reloading the table");
     Table::builder()
         .file_io(table.file_io().clone())
@@ -220,7 +274,13 @@ pub fn committed_table(table: &Table, metadata: TableMetadata, location: String)
 
 /// Whether the main branch's history already holds the commit `id`.
 pub fn holds_commit(md: &TableMetadata, id: &str) -> bool {
-    ancestry(md).any(|s| s.summary().additional_properties.get(COMMIT_ID_KEY).map(String::as_str) == Some(id))
+    ancestry(md).any(|s| {
+        s.summary()
+            .additional_properties
+            .get(COMMIT_ID_KEY)
+            .map(String::as_str)
+            == Some(id)
+    })
 }
 
 /// The main branch's snapshots, newest first, following parent ids (not

@@ -9,7 +9,9 @@ use iceberg::spec::{DataContentType, DataFile, DataFileFormat};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
+use iceberg::writer::file_writer::location_generator::{
+    DefaultFileNameGenerator, DefaultLocationGenerator,
+};
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
@@ -26,7 +28,11 @@ fn properties() -> WriterProperties {
 
 /// File names unique across commits and processes.
 fn names(kind: &str) -> DefaultFileNameGenerator {
-    DefaultFileNameGenerator::new(format!("{kind}-{}", uuid::Uuid::now_v7()), None, DataFileFormat::Parquet)
+    DefaultFileNameGenerator::new(
+        format!("{kind}-{}", uuid::Uuid::now_v7()),
+        None,
+        DataFileFormat::Parquet,
+    )
 }
 
 /// Writes `batch` (the table's Arrow form) as data files, one set per
@@ -39,7 +45,8 @@ pub async fn write_data(table: &Table, batch: RecordBatch) -> Result<Vec<DataFil
     let md = table.metadata();
     let schema = md.current_schema().clone();
     let spec = md.default_partition_spec().clone();
-    let parts: Vec<(Option<iceberg::spec::PartitionKey>, RecordBatch)> = if spec.is_unpartitioned() {
+    let parts: Vec<(Option<iceberg::spec::PartitionKey>, RecordBatch)> = if spec.is_unpartitioned()
+    {
         vec![(None, batch)]
     } else {
         RecordBatchPartitionSplitter::try_new_with_computed_values(schema.clone(), spec)
@@ -57,7 +64,10 @@ pub async fn write_data(table: &Table, batch: RecordBatch) -> Result<Vec<DataFil
             DefaultLocationGenerator::new(md).map_err(&err)?,
             names("data"),
         );
-        let mut w = DataFileWriterBuilder::new(rolling).build(key).await.map_err(&err)?;
+        let mut w = DataFileWriterBuilder::new(rolling)
+            .build(key)
+            .await
+            .map_err(&err)?;
         w.write(part).await.map_err(&err)?;
         files.extend(w.close().await.map_err(&err)?);
     }

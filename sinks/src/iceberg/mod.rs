@@ -48,29 +48,105 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 fn options() -> Vec<OptionDef> {
     use OptionType as T;
     vec![
-        OptionDef::new("catalog", T::Enum(&["sql", "rest"]), "sql (SQLite or Postgres catalog; the embedded default) | rest").default("sql"),
-        OptionDef::new("uri", T::String, "sql: sqlite://path or postgres://...; rest: http(s)://host/path").required(),
-        OptionDef::new("warehouse", T::String, "local path or s3://bucket/prefix (rest: the catalog's warehouse)").default("warehouse"),
+        OptionDef::new(
+            "catalog",
+            T::Enum(&["sql", "rest"]),
+            "sql (SQLite or Postgres catalog; the embedded default) | rest",
+        )
+        .default("sql"),
+        OptionDef::new(
+            "uri",
+            T::String,
+            "sql: sqlite://path or postgres://...; rest: http(s)://host/path",
+        )
+        .required(),
+        OptionDef::new(
+            "warehouse",
+            T::String,
+            "local path or s3://bucket/prefix (rest: the catalog's warehouse)",
+        )
+        .default("warehouse"),
         OptionDef::new("namespace", T::String, "namespace of one-part target names").required(),
-        OptionDef::new("catalog_name", T::String, "sql: the catalog_name of the catalog's rows (default: the sink's name)"),
+        OptionDef::new(
+            "catalog_name",
+            T::String,
+            "sql: the catalog_name of the catalog's rows (default: the sink's name)",
+        ),
         OptionDef::new("client_id", T::String, "REST: OAuth2 client id"),
         OptionDef::new("client_secret", T::String, "REST: OAuth2 client secret").secret(),
         OptionDef::new("scope", T::String, "REST: OAuth2 scope"),
-        OptionDef::new("token", T::String, "REST: a bearer token instead of client credentials").secret(),
-        OptionDef::new("s3_endpoint", T::String, "S3 endpoint (MinIO, SeaweedFS, ...)"),
+        OptionDef::new(
+            "token",
+            T::String,
+            "REST: a bearer token instead of client credentials",
+        )
+        .secret(),
+        OptionDef::new(
+            "s3_endpoint",
+            T::String,
+            "S3 endpoint (MinIO, SeaweedFS, ...)",
+        ),
         OptionDef::new("s3_region", T::String, "S3 region"),
         OptionDef::new("s3_path_style", T::Bool, "S3 path-style addressing"),
-        OptionDef::new("s3_access_key_id", T::String, "S3 access key (default: AWS_ACCESS_KEY_ID)").secret(),
-        OptionDef::new("s3_secret_access_key", T::String, "S3 secret key (default: AWS_SECRET_ACCESS_KEY)").secret(),
+        OptionDef::new(
+            "s3_access_key_id",
+            T::String,
+            "S3 access key (default: AWS_ACCESS_KEY_ID)",
+        )
+        .secret(),
+        OptionDef::new(
+            "s3_secret_access_key",
+            T::String,
+            "S3 secret key (default: AWS_SECRET_ACCESS_KEY)",
+        )
+        .secret(),
         OptionDef::new("maintenance_enabled", T::Bool, "run table maintenance"),
-        OptionDef::new("maintenance_compaction_interval", T::Duration, "how often to compact"),
-        OptionDef::new("maintenance_compaction_target_file_size", T::Size, "compacted file size"),
-        OptionDef::new("maintenance_compaction_min_input_files", T::Int { min: 2, max: 100_000 }, "files a partition group needs before it is compacted"),
-        OptionDef::new("maintenance_snapshot_expiry_interval", T::Duration, "how often to expire snapshots"),
-        OptionDef::new("maintenance_snapshot_expiry_retain_last", T::Int { min: 1, max: 1_000_000 }, "snapshots always kept"),
-        OptionDef::new("maintenance_snapshot_expiry_max_age", T::Duration, "snapshots older than this expire (bounds how long a stopped pipeline can resume)"),
-        OptionDef::new("maintenance_orphan_cleanup_interval", T::Duration, "how often to remove orphan files"),
-        OptionDef::new("maintenance_orphan_cleanup_older_than", T::Duration, "only files older than this are orphans"),
+        OptionDef::new(
+            "maintenance_compaction_interval",
+            T::Duration,
+            "how often to compact",
+        ),
+        OptionDef::new(
+            "maintenance_compaction_target_file_size",
+            T::Size,
+            "compacted file size",
+        ),
+        OptionDef::new(
+            "maintenance_compaction_min_input_files",
+            T::Int {
+                min: 2,
+                max: 100_000,
+            },
+            "files a partition group needs before it is compacted",
+        ),
+        OptionDef::new(
+            "maintenance_snapshot_expiry_interval",
+            T::Duration,
+            "how often to expire snapshots",
+        ),
+        OptionDef::new(
+            "maintenance_snapshot_expiry_retain_last",
+            T::Int {
+                min: 1,
+                max: 1_000_000,
+            },
+            "snapshots always kept",
+        ),
+        OptionDef::new(
+            "maintenance_snapshot_expiry_max_age",
+            T::Duration,
+            "snapshots older than this expire (bounds how long a stopped pipeline can resume)",
+        ),
+        OptionDef::new(
+            "maintenance_orphan_cleanup_interval",
+            T::Duration,
+            "how often to remove orphan files",
+        ),
+        OptionDef::new(
+            "maintenance_orphan_cleanup_older_than",
+            T::Duration,
+            "only files older than this are orphans",
+        ),
     ]
 }
 
@@ -92,7 +168,11 @@ impl IcebergSinkProvider {
                 partitioning: true,
                 partitioning_warning: None,
                 partitioned_tables: true,
-                write_modes: &[WriteMode::Upsert, WriteMode::Append, WriteMode::AppendIdempotent],
+                write_modes: &[
+                    WriteMode::Upsert,
+                    WriteMode::Append,
+                    WriteMode::AppendIdempotent,
+                ],
                 namespace_option: Some("namespace"),
                 route_rules: vec![],
             },
@@ -119,7 +199,11 @@ impl SinkProvider for IcebergSinkProvider {
             uri: get("uri").unwrap_or_default(),
             warehouse: get("warehouse").unwrap_or_else(|| "warehouse".into()),
             catalog_name: get("catalog_name").unwrap_or_else(|| spec.name.name.clone()),
-            maintenance: spec.options.entries.iter().any(|e| e.name == "maintenance_enabled" && e.value.text == "true"),
+            maintenance: spec
+                .options
+                .entries
+                .iter()
+                .any(|e| e.name == "maintenance_enabled" && e.value.text == "true"),
             conn: OnceCell::new(),
             tables: Mutex::new(HashMap::new()),
         }))
@@ -154,7 +238,9 @@ pub struct IcebergSink {
 
 impl std::fmt::Debug for IcebergSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IcebergSink").field("name", &self.name).finish()
+        f.debug_struct("IcebergSink")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -177,7 +263,9 @@ impl IcebergSink {
             )));
         }
         self.conn
-            .get_or_try_init(|| SqlCatalogConn::connect(&self.uri, &self.warehouse, &self.catalog_name))
+            .get_or_try_init(|| {
+                SqlCatalogConn::connect(&self.uri, &self.warehouse, &self.catalog_name)
+            })
             .await
     }
 
@@ -211,12 +299,17 @@ impl IcebergSink {
             let found = if md.default_partition_spec().is_unpartitioned() {
                 Some(md.default_partition_spec().clone())
             } else {
-                md.partition_specs_iter().find(|s| s.is_unpartitioned()).cloned()
+                md.partition_specs_iter()
+                    .find(|s| s.is_unpartitioned())
+                    .cloned()
             };
             if let Some(spec) = found {
                 return Ok((table, spec));
             }
-            let current = table.metadata_location_result().map_err(io_error("the table"))?.to_string();
+            let current = table
+                .metadata_location_result()
+                .map_err(io_error("the table"))?
+                .to_string();
             let new = md
                 .clone()
                 .into_builder(Some(current.clone()))
@@ -225,20 +318,32 @@ impl IcebergSink {
                 .map_err(io_error("adding an unpartitioned spec"))?
                 .metadata;
             let (new, location) = commit::write_metadata(&table, new, &current).await?;
-            if self.conn().await?.swap(table.identifier(), &current, &location).await? {
+            if self
+                .conn()
+                .await?
+                .swap(table.identifier(), &current, &location)
+                .await?
+            {
                 table = commit::committed_table(&table, new, location)?;
             } else {
                 tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
                 table = self.reload(table.identifier()).await?;
             }
         }
-        Err(SinkError::Io("adding an unpartitioned spec: too many conflicts".into()))
+        Err(SinkError::Io(
+            "adding an unpartitioned spec: too many conflicts".into(),
+        ))
     }
 
     /// Swaps in what `build` makes of the current table, reloading and
     /// rebuilding after a conflict; a commit whose outcome is unknown is
     /// looked for by its id before it is tried again.
-    async fn commit_with_retries(&self, state: &mut TableState, delta: &RowDelta, position_only: bool) -> Result<(), SinkError> {
+    async fn commit_with_retries(
+        &self,
+        state: &mut TableState,
+        delta: &RowDelta,
+        position_only: bool,
+    ) -> Result<(), SinkError> {
         let conn = self.conn().await?;
         let mut table = state.table.clone();
         let mut last_error = None;
@@ -256,7 +361,10 @@ impl IcebergSink {
             } else {
                 commit::build_row_delta(&table, delta).await?
             };
-            let current = table.metadata_location_result().map_err(io_error("the table"))?.to_string();
+            let current = table
+                .metadata_location_result()
+                .map_err(io_error("the table"))?
+                .to_string();
             match conn.swap(&state.ident, &current, &location).await {
                 Ok(true) => {
                     state.table = commit::committed_table(&table, metadata, location)?;
@@ -295,9 +403,12 @@ impl Sink for IcebergSink {
                 t
             }
             None => {
-                let spec = schema::partition_spec(&target.partition_by, &wanted).map_err(io_error("the partition spec"))?;
-                let order = schema::sort_order(target, &wanted).map_err(io_error("the sort order"))?;
-                let mut properties = vec![("write.format.default".to_string(), "parquet".to_string())];
+                let spec = schema::partition_spec(&target.partition_by, &wanted)
+                    .map_err(io_error("the partition spec"))?;
+                let order =
+                    schema::sort_order(target, &wanted).map_err(io_error("the sort order"))?;
+                let mut properties =
+                    vec![("write.format.default".to_string(), "parquet".to_string())];
                 if target.mode == WriteMode::Upsert {
                     properties.push(("write.upsert.enabled".to_string(), "true".to_string()));
                 }
@@ -321,13 +432,15 @@ impl Sink for IcebergSink {
         };
         // Field ids come from the table (creation reassigns them).
         let current = table.metadata().current_schema().clone();
-        let arrow = Arc::new(schema_to_arrow_schema(&current).map_err(io_error("the table's Arrow schema"))?);
+        let arrow = Arc::new(
+            schema_to_arrow_schema(&current).map_err(io_error("the table's Arrow schema"))?,
+        );
         let mut key_indices = Vec::new();
         let mut key_ids = Vec::new();
         for k in &target.key {
-            let i = arrow
-                .index_of(k)
-                .map_err(|_| SinkError::TableMismatch(format!("{ident} has no key column `{k}`")))?;
+            let i = arrow.index_of(k).map_err(|_| {
+                SinkError::TableMismatch(format!("{ident} has no key column `{k}`"))
+            })?;
             key_indices.push(i);
             key_ids.push(current.field_id_by_name(k).unwrap_or_default());
         }
@@ -351,7 +464,12 @@ impl Sink for IcebergSink {
         Ok(commit::committed_position(s.table.metadata()))
     }
 
-    async fn commit(&self, target: &TargetTable, batch: &SinkBatch, position: &str) -> Result<(), SinkError> {
+    async fn commit(
+        &self,
+        target: &TargetTable,
+        batch: &SinkBatch,
+        position: &str,
+    ) -> Result<(), SinkError> {
         let state = self.state(target).await?;
         let mut s = state.lock().await;
         let mut delta = RowDelta {
@@ -372,11 +490,20 @@ impl Sink for IcebergSink {
         let data = match target.mode {
             WriteMode::Upsert => {
                 let keep = not(&batch.deletes).map_err(io_error("selecting rows"))?;
-                let keys: Vec<ArrayRef> = s.key_indices.iter().map(|i| Arc::clone(rows.column(*i))).collect();
+                let keys: Vec<ArrayRef> = s
+                    .key_indices
+                    .iter()
+                    .map(|i| Arc::clone(rows.column(*i)))
+                    .collect();
                 let keys = RecordBatch::try_new(schema::key_schema(&s.arrow, &s.key_indices), keys)
                     .map_err(io_error("the key columns"))?;
-                delta.delete_files =
-                    files::write_equality_deletes(&s.table, keys, &s.key_ids, s.delete_spec.spec_id()).await?;
+                delta.delete_files = files::write_equality_deletes(
+                    &s.table,
+                    keys,
+                    &s.key_ids,
+                    s.delete_spec.spec_id(),
+                )
+                .await?;
                 filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?
             }
             WriteMode::Append | WriteMode::AppendIdempotent => rows,

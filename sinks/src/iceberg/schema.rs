@@ -6,12 +6,14 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeBinaryBuilder, ListArray, MapArray, StructArray};
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeBinaryBuilder, ListArray, MapArray, StructArray,
+};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, SchemaRef as ArrowSchemaRef};
 use iceberg::spec::{
-    ListType, MapType, NestedField, NestedFieldRef, NullOrder, PrimitiveType, Schema, SortDirection,
-    SortField, SortOrder, StructType, Transform, Type, UnboundPartitionSpec,
+    ListType, MapType, NestedField, NestedFieldRef, NullOrder, PrimitiveType, Schema,
+    SortDirection, SortField, SortOrder, StructType, Transform, Type, UnboundPartitionSpec,
 };
 use urutau_planner::partition::{PartitionField, Transform as RouteTransform};
 use urutau_planner::target::TargetTable;
@@ -61,7 +63,9 @@ fn iceberg_type(ty: &CanonicalType, ids: &mut Ids) -> Type {
                 fields
                     .iter()
                     .zip(ids_for)
-                    .map(|(f, id)| NestedField::optional(id, &f.name, iceberg_type(&f.ty, ids)).into())
+                    .map(|(f, id)| {
+                        NestedField::optional(id, &f.name, iceberg_type(&f.ty, ids)).into()
+                    })
                     .collect(),
             ))
         }
@@ -104,7 +108,10 @@ pub fn table_schema(target: &TargetTable) -> iceberg::Result<Schema> {
 }
 
 /// The partition spec of `partition_by` over `schema`.
-pub fn partition_spec(fields: &[PartitionField], schema: &Schema) -> iceberg::Result<UnboundPartitionSpec> {
+pub fn partition_spec(
+    fields: &[PartitionField],
+    schema: &Schema,
+) -> iceberg::Result<UnboundPartitionSpec> {
     let mut b = UnboundPartitionSpec::builder();
     for f in fields {
         let source = schema.field_id_by_name(&f.column).ok_or_else(|| {
@@ -161,7 +168,9 @@ fn same_type(a: &Type, b: &Type) -> bool {
                     .zip(y.fields())
                     .all(|(f, g)| f.name == g.name && same_type(&f.field_type, &g.field_type))
         }
-        (Type::List(x), Type::List(y)) => same_type(&x.element_field.field_type, &y.element_field.field_type),
+        (Type::List(x), Type::List(y)) => {
+            same_type(&x.element_field.field_type, &y.element_field.field_type)
+        }
         (Type::Map(x), Type::Map(y)) => {
             same_type(&x.key_field.field_type, &y.key_field.field_type)
                 && same_type(&x.value_field.field_type, &y.value_field.field_type)
@@ -179,7 +188,10 @@ pub fn check_existing(existing: &Schema, wanted: &Schema) -> Vec<String> {
     let want = wanted.as_struct().fields();
     for w in want {
         match have.iter().find(|h| h.name == w.name) {
-            None => problems.push(format!("column `{}` ({}) is missing from the table", w.name, w.field_type)),
+            None => problems.push(format!(
+                "column `{}` ({}) is missing from the table",
+                w.name, w.field_type
+            )),
             Some(h) if !same_type(&h.field_type, &w.field_type) => problems.push(format!(
                 "column `{}` is {} in the table, and the route writes {}",
                 w.name, h.field_type, w.field_type
@@ -192,7 +204,10 @@ pub fn check_existing(existing: &Schema, wanted: &Schema) -> Vec<String> {
     }
     for h in have {
         if !want.iter().any(|w| w.name == h.name) {
-            problems.push(format!("the table has column `{}`, which the route does not write", h.name));
+            problems.push(format!(
+                "the table has column `{}`, which the route does not write",
+                h.name
+            ));
         }
     }
     let names = |s: &Schema| -> Vec<String> {
@@ -231,15 +246,21 @@ pub fn conform(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, String> 
                 .map(|(c, f)| conform(c, f.data_type()))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(Arc::new(
-                StructArray::try_new(fields.clone(), columns, s.nulls().cloned()).map_err(|e| e.to_string())?,
+                StructArray::try_new(fields.clone(), columns, s.nulls().cloned())
+                    .map_err(|e| e.to_string())?,
             ))
         }
         (DataType::List(_), DataType::List(field)) => {
             let l = array.as_list::<i32>();
             let values = conform(l.values(), field.data_type())?;
             Ok(Arc::new(
-                ListArray::try_new(Arc::clone(field), l.offsets().clone(), values, l.nulls().cloned())
-                    .map_err(|e| e.to_string())?,
+                ListArray::try_new(
+                    Arc::clone(field),
+                    l.offsets().clone(),
+                    values,
+                    l.nulls().cloned(),
+                )
+                .map_err(|e| e.to_string())?,
             ))
         }
         (DataType::Map(_, _), DataType::Map(entries, sorted)) => {
@@ -265,7 +286,8 @@ pub fn conform(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, String> 
                 if s.is_null(i) {
                     b.append_null();
                 } else {
-                    let u = uuid::Uuid::parse_str(s.value(i)).map_err(|_| format!("`{}` is not a uuid", s.value(i)))?;
+                    let u = uuid::Uuid::parse_str(s.value(i))
+                        .map_err(|_| format!("`{}` is not a uuid", s.value(i)))?;
                     b.append_value(u.as_bytes()).map_err(|e| e.to_string())?;
                 }
             }
@@ -273,8 +295,13 @@ pub fn conform(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, String> 
         }
         // The same instants; only the zone's spelling differs ("UTC" vs "+00:00").
         (DataType::Timestamp(u1, Some(_)), DataType::Timestamp(u2, Some(tz))) if u1 == u2 => {
-            let data = array.to_data().into_builder().data_type(DataType::Timestamp(*u2, Some(Arc::clone(tz))));
-            Ok(arrow::array::make_array(data.build().map_err(|e| e.to_string())?))
+            let data = array
+                .to_data()
+                .into_builder()
+                .data_type(DataType::Timestamp(*u2, Some(Arc::clone(tz))));
+            Ok(arrow::array::make_array(
+                data.build().map_err(|e| e.to_string())?,
+            ))
         }
         _ => cast(array, target).map_err(|e| e.to_string()),
     }
@@ -331,13 +358,21 @@ mod tests {
         assert_eq!(s.identifier_field_ids().collect::<Vec<_>>(), vec![1]);
         let f = s.as_struct().fields();
         assert!(f[0].required);
-        assert_eq!(f[1].field_type.to_string(), "decimal(20,0)");
-        assert_eq!(f[4].field_type.to_string(), "fixed[3]");
+        assert_eq!(f[1].field_type.to_string(), "decimal(20, 0)");
+        assert_eq!(f[4].field_type.to_string(), "fixed(3)");
         assert!(matches!(&*f[2].field_type, Type::Map(_)));
         assert!(check_existing(&s, &s).is_empty());
         let other = table_schema(&target(&[("id", "INT", false)], &["id"])).unwrap();
         let problems = check_existing(&other, &s);
-        assert!(problems.iter().any(|p| p.contains("column `id` is int in the table")), "{problems:?}");
-        assert!(problems.iter().any(|p| p.contains("column `u`")), "{problems:?}");
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("column `id` is int in the table")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("column `u`")),
+            "{problems:?}"
+        );
     }
 }
