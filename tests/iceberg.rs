@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -475,5 +476,294 @@ async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
     assert!(
         err.contains("column `qty` is int in the table, and the route writes long"),
         "{err}"
+    );
+}
+
+#[tokio::test]
+async fn every_canonical_kind_round_trips_through_duckdb() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("kinds.jsonl");
+    let max = json!({
+        "id": 1, "b": true, "i": i32::MIN, "u": u64::MAX, "r": 1.5, "d": -0.0,
+        "n": "9999999999999999999999999999.9999999999", "s": "ünï \"q\"", "bin": "AP8=", "fx": "3q2+7w==",
+        "dt": "1969-12-31", "tm": "23:59:59.999999", "ts": "1969-12-31T23:59:59.999999",
+        "tz": "1900-01-01T00:00:00.000001+02:00", "uid": "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11",
+        "j": "{\"a\":[1,2]}", "st": {"a": 7, "b": ["x", null]}, "l": [i64::MAX, null], "m": {"k": 0.25, "z": null}
+    });
+    let nulls = json!({"id": 2});
+    write_lines(
+        &data,
+        &[
+            json!({"op": "c", "after": max, "source": {"table": "kinds"}}).to_string(),
+            json!({"op": "c", "after": nulls, "source": {"table": "kinds"}}).to_string(),
+        ],
+    );
+    let text = format!(
+        "CREATE SOURCE src FROM file WITH (path = '{data}');
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{dir}/catalog.db', warehouse = '{dir}/wh', namespace = 'k');
+CREATE TABLE src.kinds (id BIGINT NOT NULL, b BOOLEAN, i INT, u UBIGINT, r REAL, d DOUBLE, n DECIMAL(38,10),
+  s VARCHAR, bin BYTEA, fx FIXED(4), dt DATE, tm TIME, ts TIMESTAMP, tz TIMESTAMPTZ, uid UUID, j JSON,
+  st STRUCT<a INT, b LIST<VARCHAR>>, l LIST<BIGINT>, m MAP<VARCHAR, DOUBLE>, PRIMARY KEY (id));
+CREATE TABLE lake.kinds AS SELECT * FROM src.kinds;
+",
+        data = data.display(),
+        dir = dir.path().display()
+    );
+    let p = dir.path().join("k.sql");
+    std::fs::write(&p, text).unwrap();
+    run_to_end(&p);
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "k", "kinds")
+        .await
+        .unwrap();
+    let rows = common::duckdb_rows(&python, &loc, "id");
+    assert_eq!(
+        rows[0],
+        json!({
+            "id": 1, "b": true, "i": i32::MIN, "u": "18446744073709551615", "r": 1.5, "d": -0.0,
+            "n": "9999999999999999999999999999.9999999999", "s": "ünï \"q\"", "bin": "00ff", "fx": "deadbeef",
+            "dt": "1969-12-31", "tm": "23:59:59.999999", "ts": "1969-12-31T23:59:59.999999",
+            "tz": "1899-12-31T22:00:00.000001+00:00", "uid": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "j": "{\"a\":[1,2]}", "st": {"a": 7, "b": ["x", null]}, "l": [i64::MAX, null],
+            "m": {"keys": ["k", "z"], "values": [0.25, null]}
+        })
+    );
+    let expected_nulls: serde_json::Map<String, Value> = rows[1]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, _)| (k.clone(), if k == "id" { json!(2) } else { Value::Null }))
+        .collect();
+    assert_eq!(rows[1], Value::Object(expected_nulls));
+    // uint64 lands as decimal(20,0), uuid as uuid, fixed as fixed[4].
+    let md = metadata_json(&loc);
+    let fields = &md["schemas"][0]["fields"];
+    let ty = |name: &str| {
+        fields
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap()["type"]
+            .clone()
+    };
+    assert_eq!(ty("u"), "decimal(20, 0)");
+    assert_eq!(ty("uid"), "uuid");
+    assert_eq!(ty("fx"), "fixed[4]");
+    assert_eq!(ty("tz"), "timestamptz");
+    assert_eq!(ty("m")["type"], "map");
+}
+
+/// Points the catalog at a metadata file edited by `edit` (what a rollback
+/// or another engine's commit would leave behind).
+async fn rewrite_metadata(
+    db: &Path,
+    namespace: &str,
+    table: &str,
+    edit: impl FnOnce(&mut Value),
+) -> String {
+    let old = common::catalog_metadata_location(db, namespace, table)
+        .await
+        .unwrap();
+    let mut md = metadata_json(&old);
+    edit(&mut md);
+    let path = old.trim_start_matches("file://");
+    let dir = Path::new(path).parent().unwrap();
+    let version: u32 = Path::new(path).file_name().unwrap().to_str().unwrap()[..5]
+        .parse()
+        .unwrap();
+    let new = dir.join(format!(
+        "{:05}-{}.metadata.json",
+        version + 1,
+        uuid::Uuid::new_v4()
+    ));
+    std::fs::write(&new, serde_json::to_vec(&md).unwrap()).unwrap();
+    let url = format!("sqlite://{}", db.display());
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .connect(&url)
+        .await
+        .unwrap();
+    let done =
+        sqlx::query("UPDATE iceberg_tables SET metadata_location = ? WHERE metadata_location = ?")
+            .bind(new.display().to_string())
+            .bind(&old)
+            .execute(&pool)
+            .await
+            .unwrap();
+    assert_eq!(done.rows_affected(), 1);
+    pool.close().await;
+    new.display().to_string()
+}
+
+fn resumed_from(pipeline: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args([
+            "run",
+            pipeline.to_str().unwrap(),
+            "--exit-when-caught-up",
+            "--log-format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["fields"]["message"] == "resuming")
+        .map(|l| l["fields"]["position"].as_str().unwrap().to_string())
+        .expect("a resuming line")
+}
+
+#[tokio::test]
+async fn resume_reads_the_property_or_walks_the_branch_after_a_rollback() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("changes.jsonl");
+    let (lines, state) = workload(11, 3_000, 400);
+    write_lines(&data, &lines);
+    let p = pipeline(dir.path(), &data, "upsert", 200);
+    let db = dir.path().join("catalog.db");
+    run_to_end(&p);
+    let loc = common::catalog_metadata_location(&db, "bronze", "items")
+        .await
+        .unwrap();
+    let md = metadata_json(&loc);
+    let end = md["properties"]["cdc.position"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The property: O(1), no manifest read.
+    assert_eq!(resumed_from(&p), end);
+
+    // No property: the newest summary on the branch.
+    rewrite_metadata(&db, "bronze", "items", |md| {
+        md["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("cdc.position");
+    })
+    .await;
+    assert_eq!(resumed_from(&p), end);
+
+    // Roll the branch back to an older snapshot, without the property: the
+    // walk follows the branch's ancestry, not the newest snapshot in the
+    // list, and the run replays from there to the same final state.
+    let mut snapshots = md["snapshots"].as_array().unwrap().clone();
+    snapshots.sort_by_key(|s| s["sequence-number"].as_i64());
+    let older = &snapshots[snapshots.len() / 2];
+    let older_id = older["snapshot-id"].as_i64().unwrap();
+    let older_position = older["summary"]["cdc.position"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(older_position, end);
+    rewrite_metadata(&db, "bronze", "items", |md| {
+        md["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("cdc.position");
+        md["current-snapshot-id"] = json!(older_id);
+        md["refs"]["main"]["snapshot-id"] = json!(older_id);
+    })
+    .await;
+    assert_eq!(resumed_from(&p), older_position);
+    let loc = common::catalog_metadata_location(&db, "bronze", "items")
+        .await
+        .unwrap();
+    let read = common::duckdb_rows(&python, &loc, "id");
+    let problems = differences(&read, &expected_rows(&state));
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// Two sinks writing one table: the second's commit conflicts, reloads and
+/// retries; a commit whose response is lost is found by its id, not
+/// committed twice.
+#[tokio::test]
+async fn commit_conflicts_retry_and_lost_responses_do_not_duplicate() {
+    use arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray};
+    use urutau_planner::sink::SinkBatch;
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "CREATE SOURCE src FROM file WITH (path = '/dev/null');
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'c');
+CREATE TABLE src.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.t AS SELECT id, v FROM src.t;",
+        d = dir.path().display()
+    );
+    let a = common::plan_sql(&text).await.unwrap();
+    let b = common::plan_sql(&text).await.unwrap();
+    let (ra, rb) = (&a.routes[0], &b.routes[0]);
+    let batch = |ids: Vec<i64>, v: &str, deletes: Vec<bool>| SinkBatch {
+        rows: arrow::array::RecordBatch::try_new(
+            ra.target.arrow_schema(),
+            vec![
+                Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
+                Arc::new(StringArray::from(vec![v; ids.len()])) as ArrayRef,
+            ],
+        )
+        .unwrap(),
+        deletes: BooleanArray::from(deletes),
+    };
+    ra.sink.ensure_table(&ra.target).await.unwrap();
+    rb.sink.ensure_table(&rb.target).await.unwrap();
+    ra.sink
+        .commit(
+            &ra.target,
+            &batch(vec![1, 2], "a", vec![false, false]),
+            "10",
+        )
+        .await
+        .unwrap();
+    // b's view of the table is stale: its swap conflicts, it reloads, retries.
+    rb.sink
+        .commit(
+            &rb.target,
+            &batch(vec![2, 3], "b", vec![false, false]),
+            "20",
+        )
+        .await
+        .unwrap();
+    // A lost response: the swap succeeded, the sink was told it failed.
+    urutau_sinks::iceberg::faults::lose_next_responses(1);
+    rb.sink
+        .commit(&rb.target, &batch(vec![1], "b", vec![true]), "30")
+        .await
+        .unwrap();
+
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "c", "t")
+        .await
+        .unwrap();
+    let rows = common::duckdb_rows(&python, &loc, "id");
+    assert_eq!(
+        rows,
+        vec![json!({"id": 2, "v": "b"}), json!({"id": 3, "v": "b"})]
+    );
+    let md = metadata_json(&loc);
+    assert_eq!(
+        md["snapshots"].as_array().unwrap().len(),
+        3,
+        "one snapshot per commit, none twice"
+    );
+    assert_eq!(md["properties"]["cdc.position"], "30");
+    assert_eq!(
+        rb.sink
+            .committed_position(&rb.target)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("30")
     );
 }

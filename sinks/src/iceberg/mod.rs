@@ -40,6 +40,27 @@ pub(crate) fn io_error<E: Display>(doing: &'static str) -> impl Fn(E) -> SinkErr
     move |e| SinkError::Io(format!("{doing}: {e}"))
 }
 
+/// Fault injection for tests: the next `n` successful catalog swaps report
+/// a failure, as a lost response would (a fault no real catalog can be made
+/// to produce on demand). The sink must then find its commit by id instead
+/// of committing it twice.
+pub mod faults {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    static LOSE_RESPONSES: AtomicU32 = AtomicU32::new(0);
+
+    /// Makes the next `n` successful swaps look failed.
+    pub fn lose_next_responses(n: u32) {
+        LOSE_RESPONSES.store(n, Ordering::SeqCst);
+    }
+
+    pub(super) fn take_lost_response() -> bool {
+        LOSE_RESPONSES
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
 /// Catalog commits retried after a conflict (each with a fresh table load).
 const COMMIT_TRIES: u32 = 5;
 /// First retry delay; doubles each time.
@@ -365,7 +386,13 @@ impl IcebergSink {
                 .metadata_location_result()
                 .map_err(io_error("the table"))?
                 .to_string();
-            match conn.swap(&state.ident, &current, &location).await {
+            let swapped = match conn.swap(&state.ident, &current, &location).await {
+                Ok(true) if faults::take_lost_response() => Err(SinkError::Io(
+                    "the catalog's response was lost (injected fault)".into(),
+                )),
+                other => other,
+            };
+            match swapped {
                 Ok(true) => {
                     state.table = commit::committed_table(&table, metadata, location)?;
                     return Ok(());
