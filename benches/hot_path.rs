@@ -6,97 +6,14 @@
 //! `taskset -c 0 cargo bench --bench hot_path` (one core).
 //! `HOT_PATH_CHANGES=200000` changes the size.
 
-use std::io::Write;
+mod support;
+
 use std::time::Instant;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use support::{generate, peak_rss_mib, registry};
 use urutau_engine::{RunOptions, Shutdown};
 use urutau_planner::plan::plan_pipeline;
-use urutau_planner::registry::Registry;
 use urutau_sinks::memory::MemoryStore;
-
-fn registry() -> Registry {
-    let mut r = Registry::new();
-    urutau_engine::sources::register(&mut r);
-    urutau_sinks::register(&mut r);
-    r
-}
-
-fn row(id: u64, rng: &mut StdRng) -> String {
-    format!(
-        r#"{{"id":{id},"customer_id":{},"amount":"{}.{:02}","status":"{}","created_at":"2024-0{}-1{}T10:{:02}:00Z","qty":{},"note":{}}}"#,
-        rng.random_range(1..50_000),
-        rng.random_range(0..100_000),
-        rng.random_range(0..100),
-        ["new", "paid", "shipped", "cancelled"][rng.random_range(0..4)],
-        rng.random_range(1..10),
-        rng.random_range(0..10),
-        rng.random_range(0..60),
-        rng.random_range(1..20),
-        if rng.random_bool(0.2) {
-            "null".to_string()
-        } else {
-            format!("\"note {}\"", rng.random_range(0..1000))
-        }
-    )
-}
-
-/// Changes over 100k keys: about 50% updates, 35% inserts, 15% deletes.
-/// Returns the file's size and the number of keys live at the end.
-fn generate(path: &std::path::Path, changes: usize) -> (u64, usize) {
-    let mut rng = StdRng::seed_from_u64(7);
-    let mut live: Vec<Option<String>> = vec![None; 100_000];
-    let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut n = 0;
-    let mut ts = 1_700_000_000_000u64;
-    while n < changes {
-        let id = rng.random_range(0..live.len());
-        let roll = rng.random_range(0..100);
-        ts += 1;
-        let line = match &live[id] {
-            None => {
-                let after = row(id as u64, &mut rng);
-                live[id] = Some(after.clone());
-                format!(
-                    r#"{{"op":"c","before":null,"after":{after},"source":{{"table":"t","ts_ms":{ts}}}}}"#
-                )
-            }
-            Some(before) if roll < 77 => {
-                let after = row(id as u64, &mut rng);
-                let l = format!(
-                    r#"{{"op":"u","before":{before},"after":{after},"source":{{"table":"t","ts_ms":{ts}}}}}"#
-                );
-                live[id] = Some(after);
-                l
-            }
-            Some(before) => {
-                let l = format!(
-                    r#"{{"op":"d","before":{before},"after":null,"source":{{"table":"t","ts_ms":{ts}}}}}"#
-                );
-                live[id] = None;
-                l
-            }
-        };
-        writeln!(out, "{line}").unwrap();
-        n += 1;
-    }
-    out.flush().unwrap();
-    (
-        std::fs::metadata(path).unwrap().len(),
-        live.iter().filter(|l| l.is_some()).count(),
-    )
-}
-
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {

@@ -1,0 +1,169 @@
+//! The Iceberg sink end to end: 1M changes (about 50% updates) of a
+//! 7-column table from the file source into Iceberg (SQL catalog on
+//! SQLite, local warehouse), upsert by equality delete. Prints changes/s and
+//! peak memory, against the ceiling of writing the same number of rows of
+//! that table as one Parquet file with arrow-rs (same compression), and the
+//! ratio of the two.
+//!
+//! `cargo bench --bench iceberg_sink`; `ICEBERG_BENCH_CHANGES=200000`
+//! changes the size. Under `cargo test` it runs a small smoke test.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{
+    ArrayRef, Decimal128Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
+};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use support::{generate, peak_rss_mib, registry};
+use urutau_engine::{RunOptions, Shutdown};
+use urutau_planner::plan::plan_pipeline;
+
+/// Rows of the benchmark table, built in memory (not timed).
+fn table_batches(rows: usize, batch_rows: usize) -> Vec<RecordBatch> {
+    let mut rng = StdRng::seed_from_u64(3);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("customer_id", DataType::Int64, true),
+        Field::new("amount", DataType::Decimal128(12, 2), true),
+        Field::new("status", DataType::Utf8, true),
+        Field::new(
+            "created_at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
+            true,
+        ),
+        Field::new("qty", DataType::Int32, true),
+        Field::new("note", DataType::Utf8, true),
+    ]));
+    (0..rows.div_ceil(batch_rows))
+        .map(|b| {
+            let n = batch_rows.min(rows - b * batch_rows);
+            let columns: Vec<ArrayRef> =
+                vec![
+                    Arc::new(Int64Array::from_iter_values(
+                        (0..n).map(|_| rng.random_range(0..100_000)),
+                    )),
+                    Arc::new(Int64Array::from_iter_values(
+                        (0..n).map(|_| rng.random_range(1..50_000)),
+                    )),
+                    Arc::new(
+                        Decimal128Array::from_iter_values(
+                            (0..n).map(|_| rng.random_range(0..10_000_000i128)),
+                        )
+                        .with_precision_and_scale(12, 2)
+                        .unwrap(),
+                    ),
+                    Arc::new(StringArray::from_iter_values((0..n).map(|_| {
+                        ["new", "paid", "shipped", "cancelled"][rng.random_range(0..4)]
+                    }))),
+                    Arc::new(
+                        TimestampMicrosecondArray::from_iter_values((0..n).map(|_| {
+                            1_700_000_000_000_000 + rng.random_range(0..10_000_000_000i64)
+                        }))
+                        .with_timezone("+00:00"),
+                    ),
+                    Arc::new(Int32Array::from_iter_values(
+                        (0..n).map(|_| rng.random_range(1..20)),
+                    )),
+                    Arc::new(StringArray::from_iter((0..n).map(|_| {
+                        rng.random_bool(0.8)
+                            .then(|| format!("note {}", rng.random_range(0..1000)))
+                    }))),
+                ];
+            RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
+        })
+        .collect()
+}
+
+/// The ceiling: the rows written as one Parquet file, rows/s.
+fn parquet_ceiling(path: &std::path::Path, batches: &[RecordBatch]) -> f64 {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .build();
+    let started = Instant::now();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = ArrowWriter::try_new(file, batches[0].schema(), Some(props)).unwrap();
+    for b in batches {
+        w.write(b).unwrap();
+    }
+    w.close().unwrap();
+    rows as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("iceberg_sink: benchmark");
+        return;
+    }
+    let full = std::env::args().any(|a| a == "--bench");
+    let changes: usize = std::env::var("ICEBERG_BENCH_CHANGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full { 1_000_000 } else { 20_000 });
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("changes.jsonl");
+    let (bytes, live) = generate(&data, changes);
+    println!(
+        "iceberg_sink: {changes} changes ({:.0} MiB of JSON), {live} live keys at the end",
+        bytes as f64 / (1 << 20) as f64
+    );
+    let batches = table_batches(changes, 10_000);
+    let ceiling = parquet_ceiling(&dir.path().join("ceiling.parquet"), &batches);
+    drop(batches);
+    let rss_before = peak_rss_mib();
+
+    let text = format!(
+        "CREATE PIPELINE bench WITH (max_batch_rows = 10000);
+         CREATE SOURCE s FROM file WITH (path = '{data}');
+         CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/warehouse', namespace = 'b');
+         CREATE TABLE s.t ({columns});
+         CREATE TABLE lake.t AS SELECT * FROM s.t;",
+        data = data.display(),
+        d = dir.path().display(),
+        columns = support::COLUMNS
+    );
+    let spec = urutau_sql::parse_pipeline_sql(&text, "bench", &|_| None).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let report = runtime.block_on(async {
+        let plan = plan_pipeline(spec, &registry()).await.unwrap();
+        urutau_engine::run(
+            &plan,
+            RunOptions {
+                exit_when_caught_up: true,
+            },
+            Shutdown::new(),
+        )
+        .await
+        .unwrap()
+    });
+    let secs = started.elapsed().as_secs_f64();
+    let rate = changes as f64 / secs;
+    let route = &report.routes[0];
+    assert_eq!(
+        route.position.as_deref(),
+        Some(bytes.to_string().as_str()),
+        "the table's position is the end of the input"
+    );
+    println!(
+        "iceberg_sink: {secs:.2} s, {rate:.0} changes/s, {} commits ({} rows, {} deletes after collapse); \
+         Parquet ceiling {ceiling:.0} rows/s; ratio {:.2}; peak RSS {:.0} MiB (before the run: {rss_before:.0} MiB)",
+        route.commits,
+        route.rows,
+        route.deletes,
+        rate / ceiling,
+        peak_rss_mib()
+    );
+}
