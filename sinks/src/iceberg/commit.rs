@@ -28,7 +28,7 @@ use std::str::FromStr;
 use iceberg::spec::{
     DataFile, MAIN_BRANCH, ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation,
     PartitionSpecRef, Snapshot, SnapshotSummaryCollector, Summary, TableMetadata,
-    UNASSIGNED_SEQUENCE_NUMBER,
+    TableMetadataBuildResult, UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, Runtime};
@@ -95,12 +95,12 @@ fn add_totals(props: &mut HashMap<String, String>, parent: Option<&Summary>) {
 }
 
 /// New metadata for `table` with the row delta as the main branch's new
-/// snapshot and `cdc.position` set. Writes the manifests, the manifest list
-/// and the metadata file; returns the new metadata and its location.
+/// snapshot and `cdc.position` set. Writes the manifests and the manifest
+/// list; the catalog commits the result (its `changes` are the updates).
 pub async fn build_row_delta(
     table: &Table,
     delta: &RowDelta,
-) -> Result<(TableMetadata, String), SinkError> {
+) -> Result<TableMetadataBuildResult, SinkError> {
     let md = table.metadata();
     let io = table.file_io();
     let schema = md.current_schema().clone();
@@ -199,9 +199,8 @@ pub async fn build_row_delta(
         .with_schema_id(md.current_schema_id())
         .build();
     let current = table.metadata_location_result().map_err(&err)?.to_string();
-    let new = md
-        .clone()
-        .into_builder(Some(current.clone()))
+    md.clone()
+        .into_builder(Some(current))
         .set_branch_snapshot(snapshot, MAIN_BRANCH)
         .and_then(|b| {
             b.set_properties(HashMap::from([(
@@ -210,31 +209,27 @@ pub async fn build_row_delta(
             )]))
         })
         .and_then(|b| b.build())
-        .map_err(&err)?
-        .metadata;
-    write_metadata(table, new, &current).await
+        .map_err(&err)
 }
 
 /// New metadata with only `cdc.position` changed (progress without data:
 /// no snapshot, no files).
-pub async fn build_position_only(
+pub fn build_position_only(
     table: &Table,
     position: &str,
-) -> Result<(TableMetadata, String), SinkError> {
-    let err = io_error("writing the table metadata");
+) -> Result<TableMetadataBuildResult, SinkError> {
+    let err = io_error("the table metadata");
     let current = table.metadata_location_result().map_err(&err)?.to_string();
-    let new = table
+    table
         .metadata()
         .clone()
-        .into_builder(Some(current.clone()))
+        .into_builder(Some(current))
         .set_properties(HashMap::from([(
             POSITION_KEY.to_string(),
             position.to_string(),
         )]))
         .and_then(|b| b.build())
-        .map_err(&err)?
-        .metadata;
-    write_metadata(table, new, &current).await
+        .map_err(&err)
 }
 
 /// Writes `metadata` as the next version after `current`.

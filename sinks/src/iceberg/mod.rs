@@ -31,7 +31,7 @@ use urutau_planner::sink::{Sink, SinkBatch, SinkError};
 use urutau_planner::spec::{SinkSpec, WriteMode};
 use urutau_planner::target::TargetTable;
 
-use catalog::SqlCatalogConn;
+use catalog::{Conn, Outcome, SqlCatalogConn};
 use commit::RowDelta;
 
 /// Maps an error of the iceberg crate (or any other) into a sink error with
@@ -253,7 +253,7 @@ pub struct IcebergSink {
     warehouse: String,
     catalog_name: String,
     maintenance: bool,
-    conn: OnceCell<SqlCatalogConn>,
+    conn: OnceCell<Conn>,
     tables: Mutex<HashMap<String, Arc<Mutex<TableState>>>>,
 }
 
@@ -270,7 +270,7 @@ fn ident_of(target: &TargetTable) -> Result<TableIdent, SinkError> {
 }
 
 impl IcebergSink {
-    async fn conn(&self) -> Result<&SqlCatalogConn, SinkError> {
+    async fn conn(&self) -> Result<&Conn, SinkError> {
         if self.catalog == "rest" {
             return Err(SinkError::Unavailable(format!(
                 "sink `{}`: the REST catalog is not in this build yet; use catalog = 'sql'",
@@ -284,8 +284,10 @@ impl IcebergSink {
             )));
         }
         self.conn
-            .get_or_try_init(|| {
+            .get_or_try_init(|| async {
                 SqlCatalogConn::connect(&self.uri, &self.warehouse, &self.catalog_name)
+                    .await
+                    .map(Conn::Sql)
             })
             .await
     }
@@ -331,24 +333,19 @@ impl IcebergSink {
                 .metadata_location_result()
                 .map_err(io_error("the table"))?
                 .to_string();
-            let new = md
+            let result = md
                 .clone()
-                .into_builder(Some(current.clone()))
+                .into_builder(Some(current))
                 .add_partition_spec(UnboundPartitionSpec::builder().build())
                 .and_then(|b| b.build())
-                .map_err(io_error("adding an unpartitioned spec"))?
-                .metadata;
-            let (new, location) = commit::write_metadata(&table, new, &current).await?;
-            if self
-                .conn()
-                .await?
-                .swap(table.identifier(), &current, &location)
-                .await?
-            {
-                table = commit::committed_table(&table, new, location)?;
-            } else {
-                tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
-                table = self.reload(table.identifier()).await?;
+                .map_err(io_error("adding an unpartitioned spec"))?;
+            match self.conn().await?.commit(&table, result).await {
+                Outcome::Committed(t) => table = t,
+                Outcome::Conflict | Outcome::Unknown(_) => {
+                    // Reloading shows whether it landed; the loop checks.
+                    tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
+                    table = self.reload(table.identifier()).await?;
+                }
             }
         }
         Err(SinkError::Io(
@@ -377,31 +374,27 @@ impl IcebergSink {
                     return Ok(());
                 }
             }
-            let (metadata, location) = if position_only {
-                commit::build_position_only(&table, &delta.position).await?
+            let result = if position_only {
+                commit::build_position_only(&table, &delta.position)?
             } else {
                 commit::build_row_delta(&table, delta).await?
             };
-            let current = table
-                .metadata_location_result()
-                .map_err(io_error("the table"))?
-                .to_string();
-            let swapped = match conn.swap(&state.ident, &current, &location).await {
-                Ok(true) if faults::take_lost_response() => Err(SinkError::Io(
-                    "the catalog's response was lost (injected fault)".into(),
-                )),
+            let outcome = match conn.commit(&table, result).await {
+                Outcome::Committed(_) if faults::take_lost_response() => Outcome::Unknown(
+                    SinkError::Io("the catalog's response was lost (injected fault)".into()),
+                ),
                 other => other,
             };
-            match swapped {
-                Ok(true) => {
-                    state.table = commit::committed_table(&table, metadata, location)?;
+            match outcome {
+                Outcome::Committed(t) => {
+                    state.table = t;
                     return Ok(());
                 }
-                Ok(false) => {
+                Outcome::Conflict => {
                     tracing::info!(table = %state.ident, attempt, "commit conflict: reloading and retrying");
                     last_error = Some(SinkError::Io("another writer committed first".into()));
                 }
-                Err(e) => {
+                Outcome::Unknown(e) => {
                     tracing::warn!(table = %state.ident, attempt, error = %e, "commit failed: checking whether it landed");
                     last_error = Some(e);
                 }

@@ -1,8 +1,7 @@
-//! The catalog an Iceberg sink commits through.
-//!
-//! SQL catalog (SQLite — the embedded default — or Postgres): namespaces
-//! and tables are created and loaded with `iceberg-catalog-sql`; commits
-//! swap `iceberg_tables.metadata_location` with a compare-and-swap
+//! The SQL catalog (SQLite — the embedded default — or Postgres):
+//! namespaces and tables are created and loaded with `iceberg-catalog-sql`;
+//! a commit writes the next metadata file and swaps
+//! `iceberg_tables.metadata_location` with a compare-and-swap
 //! `UPDATE ... WHERE metadata_location = <old>` on the same tables, the
 //! layout PyIceberg and Java's JDBC catalog use. (iceberg 0.10.1's
 //! `Catalog::update_table` cannot carry delete files: its `TableCommit` is
@@ -19,7 +18,10 @@ use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 use sqlx::any::AnyPoolOptions;
 use urutau_planner::sink::SinkError;
 
-use super::io_error;
+use iceberg::spec::TableMetadataBuildResult;
+
+use super::Outcome;
+use crate::iceberg::{commit, io_error};
 
 /// A connected SQL catalog.
 pub struct SqlCatalogConn {
@@ -159,9 +161,31 @@ impl SqlCatalogConn {
             .map_err(io_error("creating the table"))
     }
 
+    /// Writes `result`'s metadata as the next version and swaps it in.
+    pub async fn commit(&self, table: &Table, result: TableMetadataBuildResult) -> Outcome {
+        let current = match table.metadata_location_result() {
+            Ok(c) => c.to_string(),
+            Err(e) => return Outcome::Unknown(SinkError::Io(format!("the table: {e}"))),
+        };
+        let (metadata, location) =
+            match commit::write_metadata(table, result.metadata, &current).await {
+                Ok(x) => x,
+                // Nothing was swapped: safe to retry.
+                Err(e) => return Outcome::Unknown(e),
+            };
+        match self.swap(table.identifier(), &current, &location).await {
+            Ok(true) => match commit::committed_table(table, metadata, location) {
+                Ok(t) => Outcome::Committed(t),
+                Err(e) => Outcome::Unknown(e),
+            },
+            Ok(false) => Outcome::Conflict,
+            Err(e) => Outcome::Unknown(e),
+        }
+    }
+
     /// Makes `new` the table's metadata if `old` still is; false when
     /// another writer committed first.
-    pub async fn swap(&self, ident: &TableIdent, old: &str, new: &str) -> Result<bool, SinkError> {
+    async fn swap(&self, ident: &TableIdent, old: &str, new: &str) -> Result<bool, SinkError> {
         let sql = match self.dollar {
             false => {
                 "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \

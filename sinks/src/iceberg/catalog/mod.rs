@@ -1,0 +1,55 @@
+//! The catalogs an Iceberg sink commits through, behind one interface:
+//! load and create tables, and commit a metadata change atomically.
+
+mod sql;
+
+use iceberg::spec::TableMetadataBuildResult;
+use iceberg::table::Table;
+use iceberg::{TableCreation, TableIdent};
+use urutau_planner::sink::SinkError;
+
+pub use sql::SqlCatalogConn;
+
+/// How a commit ended.
+pub enum Outcome {
+    /// The change is the table's current state.
+    Committed(Table),
+    /// Another writer committed first; nothing of this commit landed.
+    Conflict,
+    /// The outcome is unknown (an error after the request left): the table
+    /// must be reloaded and searched for the commit before a retry.
+    Unknown(SinkError),
+}
+
+/// A connected catalog.
+#[derive(Debug)]
+pub enum Conn {
+    Sql(SqlCatalogConn),
+}
+
+impl Conn {
+    /// The table, if it exists.
+    pub async fn load(&self, ident: &TableIdent) -> Result<Option<Table>, SinkError> {
+        match self {
+            Conn::Sql(c) => c.load(ident).await,
+        }
+    }
+
+    /// Creates the table (and its namespace when absent).
+    pub async fn create(
+        &self,
+        ident: &TableIdent,
+        creation: TableCreation,
+    ) -> Result<Table, SinkError> {
+        match self {
+            Conn::Sql(c) => c.create(ident, creation).await,
+        }
+    }
+
+    /// Commits `result` (built on `table`) if `table` is still current.
+    pub async fn commit(&self, table: &Table, result: TableMetadataBuildResult) -> Outcome {
+        match self {
+            Conn::Sql(c) => c.commit(table, result).await,
+        }
+    }
+}
