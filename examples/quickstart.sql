@@ -1,7 +1,7 @@
--- Quickstart: Debezium-style change events from a file, applied to two
--- tables and printed by the debug sink. Run it:
+-- Quickstart, on the embedded default (no server): Debezium-style change
+-- events from a file into Apache Iceberg on a local SQLite catalog
+-- (warehouse/catalog.db; data and metadata under warehouse/bronze/).
 --   urutau run examples/quickstart.sql --exit-when-caught-up
--- See what it compiles to:
 --   urutau plan --explain examples/quickstart.sql
 CREATE PIPELINE quickstart;
 
@@ -10,7 +10,12 @@ CREATE SOURCE events FROM file WITH (
   format = 'debezium-json'
 );
 
-CREATE SINK out INTO debug;
+CREATE SINK lake INTO iceberg WITH (
+  catalog   = 'sql',
+  uri       = 'sqlite://warehouse/catalog.db',
+  warehouse = 'warehouse',
+  namespace = 'bronze'
+);
 
 -- The file carries no schema: declare the tables it holds.
 CREATE TABLE events.orders (
@@ -29,10 +34,12 @@ CREATE TABLE events.customers (
   PRIMARY KEY (id)
 );
 
--- Upsert: the target mirrors the source rows that pass the filter.
-CREATE TABLE out.orders WITH (
-  primary_key = 'id',
-  write_mode  = 'upsert'
+-- Upsert: the table mirrors the source rows that pass the filter (a row
+-- updated out of it is deleted), one snapshot per batch.
+CREATE TABLE lake.orders WITH (
+  primary_key  = 'id',
+  write_mode   = 'upsert',
+  partition_by = 'day(created_at)'
 ) AS
 SELECT id,
        customer_id,
@@ -45,7 +52,7 @@ FROM events.orders
 WHERE status <> 'test';
 
 -- Append: every change is a row.
-CREATE TABLE out.customer_changes WITH (
+CREATE TABLE lake.customer_changes WITH (
   primary_key = 'id',
   write_mode  = 'append'
 ) AS

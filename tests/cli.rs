@@ -63,11 +63,11 @@ fn plan_explain_shows_casts_metadata_collapse_and_sink_per_route() {
     // The upsert route collapses; the append route does not.
     assert_eq!(text.matches("CollapseExec: key=[id]").count(), 1, "{text}");
     assert!(
-        text.contains("DebugSinkExec: table=orders, mode=upsert, key=[id]"),
+        text.contains("IcebergSinkExec: table=bronze.orders, mode=upsert, key=[id]"),
         "{text}"
     );
     assert!(
-        text.contains("DebugSinkExec: table=customer_changes, mode=append, key=[id]"),
+        text.contains("IcebergSinkExec: table=bronze.customer_changes, mode=append, key=[id]"),
         "{text}"
     );
     assert!(
@@ -84,12 +84,12 @@ fn plan_explain_shows_casts_metadata_collapse_and_sink_per_route() {
     assert_eq!(yaml.status.code(), Some(0), "{}", stderr(&yaml));
     assert_eq!(stdout(&yaml), text);
 
-    // The Iceberg example names its node as the spec does.
-    let lake = urutau(&["plan", "--explain", "examples/lake.sql"]);
+    // The experimenting example prints with the debug sink.
+    let debug = urutau(&["plan", "--explain", "examples/debug.sql"]);
     assert!(
-        stdout(&lake).contains("IcebergSinkExec: table=bronze.orders, mode=upsert, key=[id]"),
+        stdout(&debug).contains("DebugSinkExec: table=orders, mode=upsert, key=[id]"),
         "{}",
-        stdout(&lake)
+        stdout(&debug)
     );
 }
 
@@ -105,7 +105,7 @@ fn plan_explain_tree_format() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let text = stdout(&o);
     for node in [
-        "DebugSinkExec",
+        "IcebergSinkExec",
         "CollapseExec",
         "ProjectionExec",
         "ChangeFilterExec",
@@ -270,8 +270,8 @@ fn validate_accepts_valid_files_and_prints_warnings() {
     for f in [
         "examples/quickstart.sql",
         "examples/quickstart.yaml",
-        "examples/lake.sql",
-        "examples/lake.yaml",
+        "examples/debug.sql",
+        "examples/debug.yaml",
     ] {
         let o = urutau(&["validate", f]);
         assert_eq!(o.status.code(), Some(0), "{f}: {}", stderr(&o));
@@ -298,7 +298,7 @@ fn validate_accepts_valid_files_and_prints_warnings() {
 
 #[test]
 fn run_the_quickstart_to_the_end() {
-    let o = urutau(&["run", "examples/quickstart.sql", "--exit-when-caught-up"]);
+    let o = urutau(&["run", "examples/debug.sql", "--exit-when-caught-up"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("-- out.orders @ "), "{out}");

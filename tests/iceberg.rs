@@ -291,23 +291,24 @@ async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
     };
     let dir = tempfile::tempdir().unwrap();
     let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/shop.jsonl");
-    let text =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/lake.sql"))
-            .unwrap()
-            .replace(
-                "CREATE PIPELINE lake;",
-                "CREATE PIPELINE lake WITH (max_batch_rows = 1);",
-            )
-            .replace("examples/data/shop.jsonl", shop.to_str().unwrap())
-            .replace(
-                "sqlite://warehouse/catalog.db",
-                &format!("sqlite://{}/catalog.db", dir.path().display()),
-            )
-            .replace(
-                "warehouse = 'warehouse'",
-                &format!("warehouse = '{}/wh'", dir.path().display()),
-            );
-    let p = dir.path().join("lake.sql");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart.sql"),
+    )
+    .unwrap()
+    .replace(
+        "CREATE PIPELINE lake;",
+        "CREATE PIPELINE lake WITH (max_batch_rows = 1);",
+    )
+    .replace("examples/data/shop.jsonl", shop.to_str().unwrap())
+    .replace(
+        "sqlite://warehouse/catalog.db",
+        &format!("sqlite://{}/catalog.db", dir.path().display()),
+    )
+    .replace(
+        "warehouse = 'warehouse'",
+        &format!("warehouse = '{}/wh'", dir.path().display()),
+    );
+    let p = dir.path().join("quickstart.sql");
     std::fs::write(&p, text).unwrap();
     run_to_end(&p);
     let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "bronze", "orders")
