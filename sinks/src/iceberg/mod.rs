@@ -3,8 +3,7 @@
 //! target, resume from the table itself.
 //!
 //! Catalogs: the SQL catalog on SQLite with a local warehouse (the embedded
-//! default) or on Postgres. The REST catalog and object-storage warehouses
-//! are not in this build yet; asking for them is a clear error at run time.
+//! default) or on Postgres; the REST catalog with S3 storage.
 
 mod catalog;
 pub mod commit;
@@ -31,7 +30,7 @@ use urutau_planner::sink::{Sink, SinkBatch, SinkError};
 use urutau_planner::spec::{SinkSpec, WriteMode};
 use urutau_planner::target::TargetTable;
 
-use catalog::{Conn, Outcome, SqlCatalogConn};
+use catalog::{Conn, Outcome, RestCatalogConn, RestConfig, SqlCatalogConn};
 use commit::RowDelta;
 
 /// Maps an error of the iceberg crate (or any other) into a sink error with
@@ -214,8 +213,22 @@ impl SinkProvider for IcebergSinkProvider {
 
     fn open(&self, spec: &SinkSpec) -> Result<Arc<dyn Sink>, SinkError> {
         let get = |k: &str| spec.options.get(k).map(str::to_string);
+        let rest = RestConfig {
+            uri: get("uri").unwrap_or_default(),
+            warehouse: get("warehouse").unwrap_or_default(),
+            client_id: get("client_id"),
+            client_secret: get("client_secret"),
+            scope: get("scope"),
+            token: get("token"),
+            s3_endpoint: get("s3_endpoint"),
+            s3_region: get("s3_region"),
+            s3_path_style: get("s3_path_style").map(|v| v == "true"),
+            s3_access_key_id: get("s3_access_key_id"),
+            s3_secret_access_key: get("s3_secret_access_key"),
+        };
         Ok(Arc::new(IcebergSink {
             name: spec.name.name.clone(),
+            rest,
             catalog: get("catalog").unwrap_or_else(|| "sql".into()),
             uri: get("uri").unwrap_or_default(),
             warehouse: get("warehouse").unwrap_or_else(|| "warehouse".into()),
@@ -248,6 +261,7 @@ struct TableState {
 /// The Iceberg sink.
 pub struct IcebergSink {
     name: String,
+    rest: RestConfig,
     catalog: String,
     uri: String,
     warehouse: String,
@@ -271,12 +285,6 @@ fn ident_of(target: &TargetTable) -> Result<TableIdent, SinkError> {
 
 impl IcebergSink {
     async fn conn(&self) -> Result<&Conn, SinkError> {
-        if self.catalog == "rest" {
-            return Err(SinkError::Unavailable(format!(
-                "sink `{}`: the REST catalog is not in this build yet; use catalog = 'sql'",
-                self.name
-            )));
-        }
         if self.maintenance {
             return Err(SinkError::Unavailable(format!(
                 "sink `{}`: table maintenance is not in this build yet; remove the maintenance settings rather than have them silently not run",
@@ -285,9 +293,15 @@ impl IcebergSink {
         }
         self.conn
             .get_or_try_init(|| async {
-                SqlCatalogConn::connect(&self.uri, &self.warehouse, &self.catalog_name)
-                    .await
-                    .map(Conn::Sql)
+                if self.catalog == "rest" {
+                    RestCatalogConn::connect(self.rest.clone(), &self.catalog_name)
+                        .await
+                        .map(Conn::Rest)
+                } else {
+                    SqlCatalogConn::connect(&self.uri, &self.warehouse, &self.catalog_name)
+                        .await
+                        .map(Conn::Sql)
+                }
             })
             .await
     }

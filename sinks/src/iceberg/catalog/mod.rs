@@ -1,6 +1,7 @@
 //! The catalogs an Iceberg sink commits through, behind one interface:
 //! load and create tables, and commit a metadata change atomically.
 
+mod rest;
 mod sql;
 
 use iceberg::spec::TableMetadataBuildResult;
@@ -8,6 +9,7 @@ use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent};
 use urutau_planner::sink::SinkError;
 
+pub use rest::{RestCatalogConn, RestConfig};
 pub use sql::SqlCatalogConn;
 
 /// How a commit ended.
@@ -25,6 +27,7 @@ pub enum Outcome {
 #[derive(Debug)]
 pub enum Conn {
     Sql(SqlCatalogConn),
+    Rest(RestCatalogConn),
 }
 
 impl Conn {
@@ -32,6 +35,7 @@ impl Conn {
     pub async fn load(&self, ident: &TableIdent) -> Result<Option<Table>, SinkError> {
         match self {
             Conn::Sql(c) => c.load(ident).await,
+            Conn::Rest(c) => c.load(ident).await,
         }
     }
 
@@ -43,6 +47,7 @@ impl Conn {
     ) -> Result<Table, SinkError> {
         match self {
             Conn::Sql(c) => c.create(ident, creation).await,
+            Conn::Rest(c) => c.create(ident, creation).await,
         }
     }
 
@@ -50,6 +55,7 @@ impl Conn {
     pub async fn commit(&self, table: &Table, result: TableMetadataBuildResult) -> Outcome {
         match self {
             Conn::Sql(c) => c.commit(table, result).await,
+            Conn::Rest(c) => c.commit(table, result).await,
         }
     }
 }
