@@ -210,19 +210,87 @@ fn write_lines(path: &Path, lines: &[String]) {
     }
 }
 
-/// A pipeline: the file into Iceberg on SQLite, table `bronze.items`.
-fn pipeline(dir: &Path, data: &Path, mode: &str, max_rows: usize) -> PathBuf {
+/// Where a test's Iceberg tables live.
+enum Catalog<'a> {
+    /// The SQL catalog on SQLite, warehouse on local disk, under this dir.
+    Sql(&'a Path),
+    /// The REST catalog of a SeaweedFS server, warehouse on its S3.
+    Rest(&'a common::Seaweed),
+}
+
+impl Catalog<'_> {
+    fn sink_options(&self) -> String {
+        match self {
+            Catalog::Sql(dir) => format!(
+                "catalog = 'sql', uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/warehouse'",
+                d = dir.display()
+            ),
+            Catalog::Rest(server) => {
+                let (id, secret) = server.credential();
+                format!(
+                    "catalog = 'rest', uri = '{}', warehouse = '{}', client_id = '{id}', client_secret = '{secret}',
+  s3_endpoint = '{}', s3_region = 'us-east-1', s3_path_style = true, s3_access_key_id = '{id}',
+  s3_secret_access_key = '{secret}'",
+                    server.iceberg_uri(),
+                    server.warehouse(),
+                    server.s3_endpoint()
+                )
+            }
+        }
+    }
+
+    /// The table's current metadata location.
+    async fn location(&self, table: &str) -> String {
+        match self {
+            Catalog::Sql(dir) => {
+                let (ns, name) = table.split_once('.').unwrap();
+                common::catalog_metadata_location(&dir.join("catalog.db"), ns, name)
+                    .await
+                    .expect("the catalog holds the table")
+            }
+            Catalog::Rest(server) => server.table_metadata(table)["metadata-location"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        }
+    }
+
+    /// The table's current metadata.
+    async fn metadata(&self, table: &str) -> Value {
+        match self {
+            Catalog::Sql(_) => metadata_json(&self.location(table).await),
+            Catalog::Rest(server) => server.table_metadata(table)["metadata"].clone(),
+        }
+    }
+
+    /// The table's rows as DuckDB reads them.
+    async fn rows(&self, python: &Path, table: &str, order_by: &str) -> Vec<Value> {
+        match self {
+            Catalog::Sql(_) => common::duckdb_rows(python, &self.location(table).await, order_by),
+            Catalog::Rest(server) => server.rows(table, order_by),
+        }
+    }
+}
+
+/// A pipeline: the file into Iceberg, table `bronze.items`.
+fn pipeline(
+    dir: &Path,
+    data: &Path,
+    mode: &str,
+    max_rows: usize,
+    catalog: &Catalog<'_>,
+) -> PathBuf {
     let text = format!(
         "CREATE PIPELINE it WITH (max_batch_rows = {max_rows}, progress_interval = '1h');
 CREATE SOURCE src FROM file WITH (path = '{data}');
 CREATE SINK lake INTO iceberg WITH (
-  catalog = 'sql', uri = 'sqlite://{dir}/catalog.db', warehouse = '{dir}/warehouse', namespace = 'bronze'
+  {options}, namespace = 'bronze'
 );
 CREATE TABLE src.items ({COLUMNS});
 CREATE TABLE lake.items WITH (write_mode = '{mode}') AS SELECT * FROM src.items;
 ",
         data = data.display(),
-        dir = dir.display()
+        options = catalog.sink_options()
     );
     let p = dir.join("p.sql");
     std::fs::write(&p, text).unwrap();
@@ -342,17 +410,14 @@ async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
     assert_eq!(md["partition-specs"].as_array().unwrap().len(), 2);
 }
 
-#[tokio::test]
-async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("changes.jsonl");
+/// The acceptance suite: a seeded random change stream (50k changes over
+/// 5k keys), the pipeline killed with SIGKILL at random moments five times,
+/// then run to the end; DuckDB's read equals the oracle.
+async fn random_changes_with_kill_9(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
+    let data = dir.join("changes.jsonl");
     let (lines, state) = workload(20261130, 50_000, 5_000);
     write_lines(&data, &lines);
-    let p = pipeline(dir.path(), &data, "upsert", 150);
-    let db = dir.path().join("catalog.db");
+    let p = pipeline(dir, &data, "upsert", 150, catalog);
 
     // Kill the pipeline at random moments at least five times.
     let mut rng = StdRng::seed_from_u64(99);
@@ -387,10 +452,8 @@ async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
     );
 
     run_to_end(&p);
-    let loc = common::catalog_metadata_location(&db, "bronze", "items")
-        .await
-        .unwrap();
-    let read = common::duckdb_rows(&python, &loc, "id");
+    let loc = catalog.location("bronze.items").await;
+    let read = catalog.rows(python, "bronze.items", "id").await;
     let problems = differences(&read, &expected_rows(&state));
     assert!(
         problems.is_empty(),
@@ -401,7 +464,7 @@ async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
     assert_eq!(read.len(), state.len());
 
     // Every snapshot carries the position; the property is the newest one.
-    let md = metadata_json(&loc);
+    let md = catalog.metadata("bronze.items").await;
     let snapshots = md["snapshots"].as_array().unwrap();
     assert!(snapshots.len() > 20);
     assert!(
@@ -421,10 +484,43 @@ async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
 
     // Running again over committed input creates nothing.
     run_to_end(&p);
-    let again = common::catalog_metadata_location(&db, "bronze", "items")
-        .await
-        .unwrap();
+    let again = catalog.location("bronze.items").await;
     assert_eq!(again, loc, "a re-run over committed input must not commit");
+}
+
+#[tokio::test]
+async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    random_changes_with_kill_9(&python, dir.path(), &Catalog::Sql(dir.path())).await;
+}
+
+#[tokio::test]
+async fn random_changes_with_kill_9_through_a_rest_catalog_on_s3() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
+    random_changes_with_kill_9(&python, dir.path(), &Catalog::Rest(&server)).await;
+}
+
+async fn append_once(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
+    let data = dir.join("changes.jsonl");
+    let (lines, _) = workload(7, 2_000, 300);
+    write_lines(&data, &lines);
+    let p = pipeline(dir, &data, "append", 150, catalog);
+    run_to_end(&p);
+    let read = catalog.rows(python, "bronze.items", "id").await;
+    assert_eq!(read.len(), lines.len(), "one row per change");
+    run_to_end(&p);
+    assert_eq!(
+        catalog.rows(python, "bronze.items", "id").await.len(),
+        lines.len(),
+        "a re-run adds nothing"
+    );
 }
 
 #[tokio::test]
@@ -433,26 +529,17 @@ async fn append_records_every_change_once() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("changes.jsonl");
-    let (lines, _) = workload(7, 2_000, 300);
-    write_lines(&data, &lines);
-    let p = pipeline(dir.path(), &data, "append", 150);
-    run_to_end(&p);
-    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "bronze", "items")
-        .await
-        .unwrap();
-    let read = common::duckdb_rows(&python, &loc, "id");
-    assert_eq!(read.len(), lines.len(), "one row per change");
-    run_to_end(&p);
-    let again =
-        common::catalog_metadata_location(&dir.path().join("catalog.db"), "bronze", "items")
-            .await
-            .unwrap();
-    assert_eq!(
-        common::duckdb_rows(&python, &again, "id").len(),
-        lines.len(),
-        "a re-run adds nothing"
-    );
+    append_once(&python, dir.path(), &Catalog::Sql(dir.path())).await;
+}
+
+#[tokio::test]
+async fn append_records_every_change_once_through_a_rest_catalog_on_s3() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
+    append_once(&python, dir.path(), &Catalog::Rest(&server)).await;
 }
 
 #[tokio::test]
@@ -461,7 +548,7 @@ async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
     let data = dir.path().join("changes.jsonl");
     let (lines, _) = workload(3, 50, 20);
     write_lines(&data, &lines);
-    let p = pipeline(dir.path(), &data, "upsert", 100);
+    let p = pipeline(dir.path(), &data, "upsert", 100, &Catalog::Sql(dir.path()));
     run_to_end(&p);
     // The same table, now routed with another type for `qty`.
     let text = std::fs::read_to_string(&p)
@@ -631,7 +718,7 @@ async fn resume_reads_the_property_or_walks_the_branch_after_a_rollback() {
     let data = dir.path().join("changes.jsonl");
     let (lines, state) = workload(11, 3_000, 400);
     write_lines(&data, &lines);
-    let p = pipeline(dir.path(), &data, "upsert", 200);
+    let p = pipeline(dir.path(), &data, "upsert", 200, &Catalog::Sql(dir.path()));
     let db = dir.path().join("catalog.db");
     run_to_end(&p);
     let loc = common::catalog_metadata_location(&db, "bronze", "items")

@@ -109,3 +109,121 @@ pub async fn catalog_metadata_location(
     pool.close().await;
     row.try_get::<String, _>(0).ok()
 }
+
+/// A SeaweedFS `weed mini` (S3 + Iceberg REST catalog) started by
+/// tests/harness/seaweed.py for one test, stopped when dropped.
+pub struct Seaweed {
+    pub info: serde_json::Value,
+    python: std::path::PathBuf,
+}
+
+impl Seaweed {
+    /// Starts a server with its data under `dir` and a table bucket.
+    pub fn start(python: &std::path::Path, dir: &std::path::Path) -> Seaweed {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/seaweed.py");
+        let out = std::process::Command::new(python)
+            .arg(script)
+            .args(["start", "--dir"])
+            .arg(dir)
+            .args(["--bucket", "urutau"])
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "SeaweedFS did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let info: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("the harness prints JSON");
+        Seaweed {
+            info,
+            python: python.to_path_buf(),
+        }
+    }
+
+    fn get(&self, key: &str) -> String {
+        self.info[key].as_str().unwrap_or_default().to_string()
+    }
+
+    pub fn iceberg_uri(&self) -> String {
+        self.get("iceberg_uri")
+    }
+    pub fn s3_endpoint(&self) -> String {
+        self.get("s3_endpoint")
+    }
+    pub fn warehouse(&self) -> String {
+        self.get("warehouse")
+    }
+    pub fn credential(&self) -> (String, String) {
+        (self.get("access_key_id"), self.get("secret_access_key"))
+    }
+
+    /// Arguments of iceberg_read.py that look a table up in this catalog.
+    pub fn reader_args(&self, table: &str) -> Vec<String> {
+        let (id, secret) = self.credential();
+        vec![
+            "--rest".into(),
+            self.iceberg_uri(),
+            "--warehouse".into(),
+            self.warehouse(),
+            "--credential".into(),
+            format!("{id}:{secret}"),
+            "--table".into(),
+            table.into(),
+            "--s3-endpoint".into(),
+            self.s3_endpoint(),
+        ]
+    }
+
+    /// The table's metadata (and its location) as the catalog serves it.
+    pub fn table_metadata(&self, table: &str) -> serde_json::Value {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/iceberg_read.py");
+        let out = std::process::Command::new(&self.python)
+            .arg(script)
+            .args(self.reader_args(table))
+            .arg("--metadata")
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The table's rows as DuckDB reads them from S3.
+    pub fn rows(&self, table: &str, order_by: &str) -> Vec<serde_json::Value> {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/iceberg_read.py");
+        let out = std::process::Command::new(&self.python)
+            .arg(script)
+            .args(self.reader_args(table))
+            .args(["--order-by", order_by])
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "DuckDB could not read {table}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Seaweed {
+    fn drop(&mut self) {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/seaweed.py");
+        let _ = std::process::Command::new(&self.python)
+            .arg(script)
+            .args(["stop", "--pid", &self.info["pid"].to_string()])
+            .output();
+    }
+}

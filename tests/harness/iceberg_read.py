@@ -3,6 +3,13 @@
 independent reader of what urutau's Iceberg sink wrote.
 
     python iceberg_read.py <metadata.json> [--order-by COL]
+    python iceberg_read.py --rest URI --warehouse s3://B/ --credential ID:SECRET
+        --table NS.T --s3-endpoint http://H:P [--order-by COL] [--metadata]
+
+With --rest the table's metadata location is looked up in the REST catalog
+(and --metadata prints the table's metadata JSON instead of its rows); S3
+files are read with the given endpoint (path style) and the credential's
+key pair.
 
 Prints one JSON object per row (keys = column names, table order). Works
 offline: the avro and iceberg extensions are loaded from the files shipped in
@@ -16,6 +23,8 @@ struct an object; list an array; map {"keys": [...], "values": [...]}.
 """
 import argparse
 import datetime as dt
+import urllib.parse
+import urllib.request
 import decimal
 import importlib
 import importlib.resources
@@ -27,19 +36,45 @@ import uuid
 import duckdb
 
 
-def connect():
+def connect(s3=None):
     con = duckdb.connect()
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     version = con.execute("PRAGMA version").fetchone()[0]
-    for name in ("avro", "iceberg"):  # iceberg reads manifests through avro
+    names = ("httpfs", "avro", "iceberg") if s3 else ("avro", "iceberg")
+    for name in names:  # iceberg reads manifests through avro
         pkg = importlib.import_module(f"duckdb_extension_{name}")
         path = importlib.resources.files(pkg) / "extensions" / version / f"{name}.duckdb_extension"
         if not path.is_file():
             raise SystemExit(f"duckdb-extension-{name} has no build for duckdb {version}")
         con.execute("LOAD '" + str(path).replace("'", "''") + "'")
     con.execute("SET TimeZone = 'UTC'")
+    if s3:
+        endpoint, key, secret, region = s3
+        host = urllib.parse.urlparse(endpoint).netloc
+        con.execute(
+            f"CREATE SECRET s3 (TYPE s3, KEY_ID '{key}', SECRET '{secret}', REGION '{region}', "
+            f"ENDPOINT '{host}', URL_STYLE 'path', USE_SSL false)"
+        )
     return con
+
+
+def rest_load(uri, warehouse, credential, table):
+    """(metadata location, metadata) of a table in a REST catalog."""
+    client_id, client_secret = credential.split(":", 1)
+    base = uri.rstrip("/")
+    form = urllib.parse.urlencode(
+        {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret}
+    ).encode()
+    token = json.load(urllib.request.urlopen(urllib.request.Request(base + "/v1/oauth/tokens", data=form)))["access_token"]
+    config = json.load(urllib.request.urlopen(base + "/v1/config?" + urllib.parse.urlencode({"warehouse": warehouse})))
+    prefix = config.get("overrides", {}).get("prefix")
+    ns, name = table.rsplit(".", 1)
+    path = f"/v1/{prefix}/namespaces/{urllib.parse.quote(ns)}/tables/{urllib.parse.quote(name)}" if prefix else \
+        f"/v1/namespaces/{urllib.parse.quote(ns)}/tables/{urllib.parse.quote(name)}"
+    request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"})
+    body = json.load(urllib.request.urlopen(request))
+    return body["metadata-location"], body["metadata"]
 
 
 def render(v):
@@ -110,10 +145,26 @@ def plan(t):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("metadata_json")
+    p.add_argument("metadata_json", nargs="?")
     p.add_argument("--order-by")
+    p.add_argument("--rest")
+    p.add_argument("--warehouse")
+    p.add_argument("--credential")
+    p.add_argument("--table")
+    p.add_argument("--s3-endpoint")
+    p.add_argument("--s3-region", default="us-east-1")
+    p.add_argument("--metadata", action="store_true")
     args = p.parse_args()
-    con = connect()
+    s3 = None
+    if args.rest:
+        location, metadata = rest_load(args.rest, args.warehouse, args.credential, args.table)
+        if args.metadata:
+            print(json.dumps({"metadata-location": location, "metadata": metadata}))
+            return
+        args.metadata_json = location
+        key, secret = args.credential.split(":", 1)
+        s3 = (args.s3_endpoint, key, secret, args.s3_region)
+    con = connect(s3)
     src = con.sql("SELECT * FROM iceberg_scan($p) LIMIT 0", params={"p": args.metadata_json})
     names, renderers, select = src.columns, [], []
     for name, t in zip(src.columns, src.types):

@@ -296,7 +296,7 @@ impl IcebergSink {
                 if self.catalog == "rest" {
                     RestCatalogConn::connect(self.rest.clone(), &self.catalog_name)
                         .await
-                        .map(Conn::Rest)
+                        .map(|c| Conn::Rest(Box::new(c)))
                 } else {
                     SqlCatalogConn::connect(&self.uri, &self.warehouse, &self.catalog_name)
                         .await

@@ -27,7 +27,7 @@ pub enum Outcome {
 #[derive(Debug)]
 pub enum Conn {
     Sql(SqlCatalogConn),
-    Rest(RestCatalogConn),
+    Rest(Box<RestCatalogConn>),
 }
 
 impl Conn {
