@@ -855,3 +855,38 @@ CREATE TABLE lake.t AS SELECT id, v FROM src.t;",
         Some("30")
     );
 }
+
+/// A table the source does not touch advances its position without data:
+/// a properties-only commit, no snapshot, no empty files.
+#[tokio::test]
+async fn an_untouched_table_advances_its_position_without_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("changes.jsonl");
+    let (lines, _) = workload(5, 500, 100);
+    write_lines(&data, &lines);
+    let text = format!(
+        "CREATE SOURCE src FROM file WITH (path = '{data}');
+CREATE SINK lake INTO iceberg WITH ({options}, namespace = 'bronze');
+CREATE TABLE src.items ({COLUMNS});
+CREATE TABLE src.quiet (id BIGINT NOT NULL, PRIMARY KEY (id));
+CREATE TABLE lake.items AS SELECT * FROM src.items;
+CREATE TABLE lake.quiet AS SELECT * FROM src.quiet;",
+        data = data.display(),
+        options = Catalog::Sql(dir.path()).sink_options()
+    );
+    let p = dir.path().join("p.sql");
+    std::fs::write(&p, text).unwrap();
+    run_to_end(&p);
+    let catalog = Catalog::Sql(dir.path());
+    let items = catalog.metadata("bronze.items").await;
+    let quiet = catalog.metadata("bronze.quiet").await;
+    let end = std::fs::metadata(&data).unwrap().len().to_string();
+    assert_eq!(items["properties"]["cdc.position"], end.as_str());
+    assert_eq!(quiet["properties"]["cdc.position"], end.as_str());
+    assert!(
+        quiet["snapshots"].as_array().is_none_or(|s| s.is_empty()),
+        "{quiet}"
+    );
+    let data_dir = dir.path().join("warehouse/bronze/quiet/data");
+    assert!(!data_dir.exists() || std::fs::read_dir(&data_dir).unwrap().next().is_none());
+}
