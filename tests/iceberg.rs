@@ -216,6 +216,8 @@ enum Catalog<'a> {
     Sql(&'a Path),
     /// The REST catalog of a SeaweedFS server, warehouse on its S3.
     Rest(&'a common::Seaweed),
+    /// The SQL catalog on a PostgreSQL server, warehouse on local disk.
+    Postgres(&'a common::Postgres, &'a Path),
 }
 
 impl Catalog<'_> {
@@ -224,6 +226,11 @@ impl Catalog<'_> {
             Catalog::Sql(dir) => format!(
                 "catalog = 'sql', uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/warehouse'",
                 d = dir.display()
+            ),
+            Catalog::Postgres(pg, dir) => format!(
+                "catalog = 'sql', uri = '{}', warehouse = '{}/warehouse'",
+                pg.uri(),
+                dir.display()
             ),
             Catalog::Rest(server) => {
                 let (id, secret) = server.credential();
@@ -252,13 +259,32 @@ impl Catalog<'_> {
                 .as_str()
                 .unwrap()
                 .to_string(),
+            Catalog::Postgres(pg, _) => {
+                use sqlx::Row;
+                let (ns, name) = table.split_once('.').unwrap();
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&pg.uri())
+                    .await
+                    .unwrap();
+                let row = sqlx::query(
+                    "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = $1 AND table_name = $2",
+                )
+                .bind(ns)
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .expect("the catalog holds the table");
+                pool.close().await;
+                row.get::<String, _>(0)
+            }
         }
     }
 
     /// The table's current metadata.
     async fn metadata(&self, table: &str) -> Value {
         match self {
-            Catalog::Sql(_) => metadata_json(&self.location(table).await),
+            Catalog::Sql(_) | Catalog::Postgres(..) => metadata_json(&self.location(table).await),
             Catalog::Rest(server) => server.table_metadata(table)["metadata"].clone(),
         }
     }
@@ -266,7 +292,9 @@ impl Catalog<'_> {
     /// The table's rows as DuckDB reads them.
     async fn rows(&self, python: &Path, table: &str, order_by: &str) -> Vec<Value> {
         match self {
-            Catalog::Sql(_) => common::duckdb_rows(python, &self.location(table).await, order_by),
+            Catalog::Sql(_) | Catalog::Postgres(..) => {
+                common::duckdb_rows(python, &self.location(table).await, order_by)
+            }
             Catalog::Rest(server) => server.rows(table, order_by),
         }
     }
@@ -530,6 +558,18 @@ async fn append_records_every_change_once() {
     };
     let dir = tempfile::tempdir().unwrap();
     append_once(&python, dir.path(), &Catalog::Sql(dir.path())).await;
+}
+
+#[tokio::test]
+async fn random_changes_with_kill_9_through_a_sql_catalog_on_postgres() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(pg) = common::Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    random_changes_with_kill_9(&python, dir.path(), &Catalog::Postgres(&pg, dir.path())).await;
 }
 
 #[tokio::test]

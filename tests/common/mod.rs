@@ -227,3 +227,56 @@ impl Drop for Seaweed {
             .output();
     }
 }
+
+/// A PostgreSQL server started by tests/harness/postgres.py for one test,
+/// stopped when dropped. Missing server packages: a failure in CI, a skip
+/// elsewhere.
+pub struct Postgres {
+    pub info: serde_json::Value,
+}
+
+impl Postgres {
+    pub fn start(dir: &std::path::Path) -> Option<Postgres> {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/postgres.py");
+        let out = std::process::Command::new("python3")
+            .arg(script)
+            .args(["start", "--dir"])
+            .arg(dir)
+            .output()
+            .expect("python3 runs");
+        if !out.status.success() {
+            let why = format!(
+                "PostgreSQL did not start: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if std::env::var_os("CI").is_some() {
+                panic!("{why}");
+            }
+            eprintln!("SKIPPED: {why}");
+            return None;
+        }
+        Some(Postgres {
+            info: serde_json::from_slice(&out.stdout).expect("the harness prints JSON"),
+        })
+    }
+
+    pub fn uri(&self) -> String {
+        self.info["uri"].as_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/postgres.py");
+        let _ = std::process::Command::new("python3")
+            .arg(script)
+            .args([
+                "stop",
+                "--dir",
+                self.info["dir"].as_str().unwrap_or_default(),
+            ])
+            .output();
+    }
+}
