@@ -250,6 +250,22 @@ fn validate_rejects_with_location_and_rule() {
 
     let f = write(
         d,
+        "workers.sql",
+        &format!(
+            "{SOURCE}CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://x.db', namespace = 'b');\nCREATE TABLE lake.o WITH (primary_key = 'id', workers = 3) AS SELECT id FROM events.orders;\n"
+        ),
+    );
+    check_invalid(
+        &f,
+        "4:57",
+        &[
+            "workers = 3: partitioned tables are not in this build yet",
+            "rule: a setting that cannot take effect is a validation error",
+        ],
+    );
+
+    let f = write(
+        d,
         "idem.sql",
         &format!(
             "{SOURCE}{sink}CREATE TABLE out.o WITH (write_mode = 'append-idempotent') AS SELECT id FROM events.orders;\n"
