@@ -147,3 +147,71 @@ pub async fn run(file: &Path, exit_when_caught_up: bool) -> u8 {
         }
     }
 }
+
+/// `urutau clickhouse cleanup FILE [--table T]`.
+pub async fn clickhouse_cleanup(file: &Path, only: Option<&str>) -> u8 {
+    let registry = registry();
+    let (loaded, plan) = match load_and_plan(file, &registry).await {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let secrets = secrets(&loaded);
+    let mut tables = Vec::new();
+    for route in &plan.routes {
+        let Some(sink) = plan
+            .spec
+            .sinks
+            .iter()
+            .find(|s| s.name.name == route.sink_name && s.kind.name == "clickhouse")
+        else {
+            continue;
+        };
+        let name = route.target.display_name();
+        let short = route.target.name.last().cloned().unwrap_or_default();
+        if only.is_none_or(|t| t == name || t == short) {
+            tables.push((sink, route.target.clone(), name));
+        }
+    }
+    if tables.is_empty() {
+        let known: Vec<String> = plan
+            .routes
+            .iter()
+            .filter(|r| {
+                plan.spec
+                    .sinks
+                    .iter()
+                    .any(|s| s.name.name == r.sink_name && s.kind.name == "clickhouse")
+            })
+            .map(|r| r.target.display_name())
+            .collect();
+        eprintln!(
+            "error: {}: {}",
+            loaded.path,
+            match only {
+                Some(t) if !known.is_empty() => format!(
+                    "no ClickHouse table `{t}` in the pipeline (its ClickHouse tables: {})",
+                    known.join(", ")
+                ),
+                _ => "the pipeline writes no ClickHouse table".to_string(),
+            }
+        );
+        return INVALID;
+    }
+    let mut code = 0;
+    for (sink, target, name) in tables {
+        match urutau_sinks::clickhouse::cleanup(sink, &target).await {
+            Ok(o) => match o.skipped {
+                Some(why) => println!("{name}: skipped: {why}"),
+                None => println!(
+                    "{name}: cleaned: {} hidden rows (tombstones and replaced versions) before, {} after",
+                    o.hidden_before, o.hidden_after
+                ),
+            },
+            Err(e) => {
+                eprintln!("error: {name}: {}", scrub(&e.to_string(), &secrets));
+                code = FAILED;
+            }
+        }
+    }
+    code
+}

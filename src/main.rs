@@ -45,8 +45,25 @@ enum Command {
     },
     /// Check a pipeline without running it (exit 2 when it is invalid).
     Validate { file: PathBuf },
+    /// Operator commands for a pipeline's ClickHouse tables.
+    #[command(subcommand)]
+    Clickhouse(ClickhouseCommand),
     /// Print the version.
     Version,
+}
+
+#[derive(Subcommand, Debug)]
+enum ClickhouseCommand {
+    /// Remove tombstones and replaced rows physically (`OPTIMIZE TABLE ..
+    /// FINAL CLEANUP`). Reads under FINAL are correct whether or not it
+    /// ran; this reclaims space.
+    Cleanup {
+        /// The pipeline file whose ClickHouse tables to clean.
+        file: PathBuf,
+        /// Only this table (`database.table` or `table`).
+        #[arg(long)]
+        table: Option<String>,
+    },
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +123,9 @@ fn main() -> ExitCode {
                 commands::plan(&file, explain, format).await
             }
             Command::Validate { file } => commands::validate(&file).await,
+            Command::Clickhouse(ClickhouseCommand::Cleanup { file, table }) => {
+                commands::clickhouse_cleanup(&file, table.as_deref()).await
+            }
             Command::Version => {
                 println!("urutau {}", env!("CARGO_PKG_VERSION"));
                 0

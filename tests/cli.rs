@@ -259,7 +259,7 @@ fn validate_rejects_with_location_and_rule() {
         &f,
         "4:57",
         &[
-            "workers = 3: partitioned tables are not in this build yet",
+            "sink kind iceberg does not support partitioned tables (workers > 1) in this build",
             "rule: a setting that cannot take effect is a validation error",
         ],
     );

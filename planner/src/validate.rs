@@ -432,38 +432,21 @@ pub fn validate(spec: &mut PipelineSpec, registry: &Registry) -> Diagnostics {
                 .options
                 .entry("workers")
                 .map_or(route.span, |e| e.value_span);
-            d.push(Diagnostic::error(
-                span,
-                format!(
-                    "sink kind {} does not support partitioned tables (workers > 1)",
-                    def.name
-                ),
-            ));
+            d.push(
+                Diagnostic::error(
+                    span,
+                    format!(
+                        "sink kind {} does not support partitioned tables (workers > 1) in this build",
+                        def.name
+                    ),
+                )
+                .with_rule("a setting that cannot take effect is a validation error")
+                .with_help("use workers = 1"),
+            );
         }
         if let Some(def) = &sink_def {
-            let before = d.errors().count();
             for rule in &def.route_rules {
                 rule(sink, route, settings.workers, &mut d);
-            }
-            // The sink's own rules speak first; past them, the runner of
-            // this build runs every table collapsed (one worker), so asking
-            // for more must not be silently ignored.
-            if settings.workers > 1 && def.partitioned_tables && d.errors().count() == before {
-                let span = route
-                    .options
-                    .entry("workers")
-                    .map_or(route.span, |e| e.value_span);
-                d.push(
-                    Diagnostic::error(
-                        span,
-                        format!(
-                            "workers = {}: partitioned tables are not in this build yet",
-                            settings.workers
-                        ),
-                    )
-                    .with_rule("a setting that cannot take effect is a validation error")
-                    .with_help("use workers = 1 (the collapsed runner)"),
-                );
             }
         }
     }

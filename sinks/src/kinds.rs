@@ -1,5 +1,5 @@
-//! The option schemas and rules of the ClickHouse and Couchbase sinks. Their writers are built in their own issues; until then a
-//! pipeline using one validates and plans, and `run` stops at
+//! The option schema and rules of the Couchbase sink. Its writer is built
+//! in its own issue; until then a pipeline using it validates and plans, and `run` stops at
 //! `ensure_table` with a clear message instead of pretending to write.
 
 use std::sync::Arc;
@@ -17,18 +17,6 @@ const ALL_MODES: &[WriteMode] = &[
     WriteMode::Append,
     WriteMode::AppendIdempotent,
 ];
-
-fn clickhouse_options() -> Vec<OptionDef> {
-    use OptionType as T;
-    vec![
-        OptionDef::new("uri", T::String, "http://host:8123").required(),
-        OptionDef::new("database", T::String, "database of one-part target names")
-            .aliases(&["namespace"])
-            .default("default"),
-        OptionDef::new("user", T::String, "user name"),
-        OptionDef::new("password", T::String, "password").secret(),
-    ]
-}
 
 fn couchbase_options() -> Vec<OptionDef> {
     use OptionType as T;
@@ -78,40 +66,21 @@ fn couchbase_partitioned_needs_atomic(
 
 /// The kinds whose writers are not in this build yet.
 pub fn planned_kinds() -> Vec<Arc<dyn SinkProvider>> {
-    vec![
-        Arc::new(NotBuiltProvider {
-            def: SinkKindDef {
-                name: "clickhouse",
-                exec_name: "ClickHouseSinkExec",
-                doc: "ClickHouse: ReplacingMergeTree upserts, position in the data",
-                options: clickhouse_options(),
-                maintenance: false,
-                partitioning: true,
-                partitioning_warning: Some(
-                    "partition_by on ClickHouse makes a batch atomic per partition only: a batch crossing partitions commits as several parts",
-                ),
-                partitioned_tables: true,
-                write_modes: ALL_MODES,
-                namespace_option: Some("database"),
-                route_rules: vec![],
-            },
-        }),
-        Arc::new(NotBuiltProvider {
-            def: SinkKindDef {
-                name: "couchbase",
-                exec_name: "CouchbaseSinkExec",
-                doc: "Couchbase: key-document upserts, a control document per collection",
-                options: couchbase_options(),
-                maintenance: false,
-                partitioning: false,
-                partitioning_warning: None,
-                partitioned_tables: true,
-                write_modes: ALL_MODES,
-                namespace_option: None,
-                route_rules: vec![couchbase_partitioned_needs_atomic],
-            },
-        }),
-    ]
+    vec![Arc::new(NotBuiltProvider {
+        def: SinkKindDef {
+            name: "couchbase",
+            exec_name: "CouchbaseSinkExec",
+            doc: "Couchbase: key-document upserts, a control document per collection",
+            options: couchbase_options(),
+            maintenance: false,
+            partitioning: false,
+            partitioning_warning: None,
+            partitioned_tables: true,
+            write_modes: ALL_MODES,
+            namespace_option: None,
+            route_rules: vec![couchbase_partitioned_needs_atomic],
+        },
+    })]
 }
 
 struct NotBuiltProvider {

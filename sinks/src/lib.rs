@@ -5,10 +5,12 @@
 //! - `debug`: prints each committed batch as a table (experiments).
 //! - `memory`: holds tables in process memory (engine tests).
 //! - `iceberg`: Apache Iceberg through a SQL catalog (SQLite or Postgres).
-//! - `clickhouse`, `couchbase`: their option schemas and rules are
-//!   registered so pipelines validate and plan; their writers are not in
-//!   this build yet, and running one fails with that message.
+//! - `clickhouse`: ReplacingMergeTree upserts, the position in the data.
+//! - `couchbase`: its option schema and rules are registered so pipelines
+//!   validate and plan; its writer is not in this build yet, and running
+//!   one fails with that message.
 
+pub mod clickhouse;
 pub mod debug;
 pub mod iceberg;
 pub mod kinds;
@@ -23,6 +25,7 @@ pub fn register(registry: &mut Registry) {
     registry.register_sink(Arc::new(debug::DebugSinkProvider::new()));
     registry.register_sink(Arc::new(memory::MemorySinkProvider::new()));
     registry.register_sink(Arc::new(iceberg::IcebergSinkProvider::new()));
+    registry.register_sink(Arc::new(clickhouse::ClickHouseSinkProvider::new()));
     for p in kinds::planned_kinds() {
         registry.register_sink(p);
     }

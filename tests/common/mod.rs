@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod workload;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use urutau_planner::diagnostic::Diagnostics;
@@ -278,5 +280,119 @@ impl Drop for Postgres {
                 self.info["dir"].as_str().unwrap_or_default(),
             ])
             .output();
+    }
+}
+
+/// A ClickHouse endpoint for one test: a real server when
+/// `URUTAU_TEST_CLICKHOUSE_URL` is set (`URUTAU_TEST_CLICKHOUSE_USER`,
+/// `URUTAU_TEST_CLICKHOUSE_PASSWORD`), otherwise the test harness's HTTP
+/// front over the real ClickHouse engine (chdb), started for the test and
+/// stopped when dropped. Each test works in its own database.
+pub struct ClickHouse {
+    pub url: String,
+    pub user: String,
+    pub password: String,
+    python: std::path::PathBuf,
+    pid: Option<u64>,
+    http: reqwest::Client,
+}
+
+impl ClickHouse {
+    pub fn start(python: &std::path::Path, dir: &std::path::Path) -> ClickHouse {
+        let http = reqwest::Client::new();
+        if let Ok(url) = std::env::var("URUTAU_TEST_CLICKHOUSE_URL") {
+            return ClickHouse {
+                url,
+                user: std::env::var("URUTAU_TEST_CLICKHOUSE_USER").unwrap_or("default".into()),
+                password: std::env::var("URUTAU_TEST_CLICKHOUSE_PASSWORD").unwrap_or_default(),
+                python: python.to_path_buf(),
+                pid: None,
+                http,
+            };
+        }
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/harness/clickhouse_front.py");
+        let (user, password) = ("urutau".to_string(), "ch-test-secret".to_string());
+        let out = std::process::Command::new(python)
+            .arg(script)
+            .args(["start", "--path"])
+            .arg(dir)
+            .args(["--user", &user, "--password", &password, "--watch-pid"])
+            .arg(std::process::id().to_string())
+            .env("TZ", "UTC")
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "the ClickHouse test front did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let info: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("the harness prints JSON");
+        ClickHouse {
+            url: info["url"].as_str().unwrap().to_string(),
+            user,
+            password,
+            python: python.to_path_buf(),
+            pid: info["pid"].as_u64(),
+            http,
+        }
+    }
+
+    /// The sink options that reach this server.
+    pub fn sink_options(&self, database: &str) -> String {
+        format!(
+            "uri = '{}', user = '{}', password = '{}', database = '{database}'",
+            self.url, self.user, self.password
+        )
+    }
+
+    /// Runs a statement; panics with the server's message on failure.
+    pub async fn query(&self, sql: &str) -> String {
+        self.try_query(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Runs a statement; the server's message on failure.
+    pub async fn try_query(&self, sql: &str) -> Result<String, String> {
+        let r = self
+            .http
+            .post(&self.url)
+            .header("X-ClickHouse-User", &self.user)
+            .header("X-ClickHouse-Key", &self.password)
+            .body(sql.to_string())
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let ok = r.status().is_success();
+        let text = r.text().await.map_err(|e| e.to_string())?;
+        if ok { Ok(text) } else { Err(text) }
+    }
+
+    /// A query's rows as JSON objects (64-bit integers as numbers,
+    /// decimals as text with their scale).
+    pub async fn rows(&self, sql: &str) -> Vec<serde_json::Value> {
+        self.query(&format!(
+            "{sql} SETTINGS output_format_json_quote_64bit_integers = 0, output_format_json_quote_decimals = 1, output_format_decimal_trailing_zeros = 1 FORMAT JSONEachRow"
+        ))
+        .await
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+    }
+}
+
+impl Drop for ClickHouse {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid {
+            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/harness/clickhouse_front.py");
+            let _ = std::process::Command::new(&self.python)
+                .arg(script)
+                .args(["stop", "--pid", &pid.to_string()])
+                .output();
+        }
     }
 }

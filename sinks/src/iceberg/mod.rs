@@ -187,7 +187,8 @@ impl IcebergSinkProvider {
                 maintenance: true,
                 partitioning: true,
                 partitioning_warning: None,
-                partitioned_tables: true,
+                // The writer does not split a table among owners yet.
+                partitioned_tables: false,
                 write_modes: &[
                     WriteMode::Upsert,
                     WriteMode::Append,

@@ -1,0 +1,288 @@
+//! ClickHouse table definitions: how a route's target becomes a table, the
+//! text of identifiers and literals, and the check of an existing table.
+//!
+//! Type mapping (canonical → ClickHouse; `Nullable(..)` for nullable
+//! columns, never for key columns):
+//! bool → Bool, int32/int64/uint64 → Int32/Int64/UInt64 (uint64 native),
+//! float32/float64 → Float32/Float64, decimal(p,s) → Decimal(p, s),
+//! string/json/unknown → String (JSON as its text), binary → String,
+//! fixed(n) → FixedString(n), date → Date32, time → Time64(6),
+//! timestamp → DateTime64(6), timestamptz → DateTime64(6, 'UTC'),
+//! uuid → UUID, struct → Tuple(name T, ..), list → Array(Nullable(T)),
+//! map → Map(K, Nullable(V)).
+//!
+//! ClickHouse cannot make an Array or a Map Nullable: a NULL list or map
+//! lands as an empty one (the sink warns when it creates such a column).
+
+use urutau_planner::spec::WriteMode;
+use urutau_planner::target::TargetTable;
+use urutau_planner::types::CanonicalType;
+
+/// The reserved column holding the position a row was committed with.
+pub const POSITION: &str = "position";
+/// The reserved version column (`ReplacingMergeTree(seq, ..)`).
+pub const SEQ: &str = "seq";
+/// The reserved tombstone flag (`ReplacingMergeTree(.., is_deleted)`).
+pub const IS_DELETED: &str = "is_deleted";
+/// The reserved columns, appended after the route's columns.
+pub const RESERVED: [&str; 3] = [POSITION, SEQ, IS_DELETED];
+
+/// `name` as a ClickHouse identifier: always quoted, so keywords
+/// (`order`) and spaces work.
+pub fn ident(name: &str) -> String {
+    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+/// `text` as a ClickHouse string literal.
+pub fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// The ClickHouse type of a canonical type (`nullable` for the outer
+/// level; nested values are always nullable, except map keys).
+pub fn column_type(ty: &CanonicalType, nullable: bool) -> String {
+    let base = match ty {
+        CanonicalType::Bool => "Bool".to_string(),
+        CanonicalType::Int32 => "Int32".to_string(),
+        CanonicalType::Int64 => "Int64".to_string(),
+        CanonicalType::UInt64 => "UInt64".to_string(),
+        CanonicalType::Float32 => "Float32".to_string(),
+        CanonicalType::Float64 => "Float64".to_string(),
+        CanonicalType::Decimal { precision, scale } => format!("Decimal({precision}, {scale})"),
+        CanonicalType::String
+        | CanonicalType::Json
+        | CanonicalType::Unknown(_)
+        | CanonicalType::Binary => "String".to_string(),
+        CanonicalType::Fixed(n) => format!("FixedString({n})"),
+        CanonicalType::Date => "Date32".to_string(),
+        CanonicalType::Time => "Time64(6)".to_string(),
+        CanonicalType::Timestamp => "DateTime64(6)".to_string(),
+        CanonicalType::TimestampTz => "DateTime64(6, 'UTC')".to_string(),
+        CanonicalType::Uuid => "UUID".to_string(),
+        CanonicalType::Struct(fields) => format!(
+            "Tuple({})",
+            fields
+                .iter()
+                .map(|f| format!("{} {}", ident(&f.name), column_type(&f.ty, true)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        CanonicalType::List(item) => return format!("Array({})", column_type(item, true)),
+        CanonicalType::Map(k, v) => {
+            return format!("Map({}, {})", column_type(k, false), column_type(v, true));
+        }
+    };
+    if nullable {
+        format!("Nullable({base})")
+    } else {
+        base
+    }
+}
+
+/// Whether a NULL of this type cannot be stored (it lands empty).
+pub fn loses_null(ty: &CanonicalType) -> bool {
+    matches!(ty, CanonicalType::List(_) | CanonicalType::Map(..))
+}
+
+/// The columns of the table a route needs: `(name, ClickHouse type)`,
+/// route columns then the reserved ones.
+pub fn table_columns(target: &TargetTable) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = target
+        .columns
+        .iter()
+        .map(|c| {
+            let is_key = target.key.iter().any(|k| k == &c.name);
+            (c.name.clone(), column_type(&c.ty, c.nullable && !is_key))
+        })
+        .collect();
+    out.push((POSITION.into(), "String".into()));
+    out.push((SEQ.into(), "UInt64".into()));
+    out.push((IS_DELETED.into(), "UInt8".into()));
+    out
+}
+
+/// The columns of `target` that collide with a reserved name.
+pub fn reserved_collisions(target: &TargetTable) -> Vec<String> {
+    target
+        .columns
+        .iter()
+        .filter(|c| RESERVED.contains(&c.name.as_str()))
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for `target` in `database`.
+///
+/// Upsert: `ReplacingMergeTree(seq, is_deleted) ORDER BY (key)` with the
+/// table setting `OPTIMIZE .. FINAL CLEANUP` needs; append: `MergeTree`
+/// ordered by the key when there is one. `PARTITION BY` only when the
+/// route asks for it.
+pub fn create_table(database: &str, table: &str, target: &TargetTable) -> String {
+    let columns = table_columns(target)
+        .iter()
+        .map(|(n, t)| format!("  {} {}", ident(n), t))
+        .collect::<Vec<_>>()
+        .join(",\n");
+    let order = if target.key.is_empty() {
+        "tuple()".to_string()
+    } else {
+        format!(
+            "({})",
+            target
+                .key
+                .iter()
+                .map(|k| ident(k))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let (engine, settings) = match target.mode {
+        WriteMode::Upsert => (
+            format!("ReplacingMergeTree({}, {})", ident(SEQ), ident(IS_DELETED)),
+            "\nSETTINGS allow_experimental_replacing_merge_with_cleanup = 1",
+        ),
+        WriteMode::Append | WriteMode::AppendIdempotent => ("MergeTree".to_string(), ""),
+    };
+    let partition = if target.partition_by.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\nPARTITION BY ({})",
+            target
+                .partition_by
+                .iter()
+                .map(partition_expr)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    format!(
+        "CREATE TABLE IF NOT EXISTS {}.{} (\n{columns}\n) ENGINE = {engine}{partition}\nORDER BY {order}{settings}",
+        ident(database),
+        ident(table)
+    )
+}
+
+/// A `partition_by` field as a ClickHouse expression.
+fn partition_expr(f: &urutau_planner::partition::PartitionField) -> String {
+    use urutau_planner::partition::Transform;
+    let c = ident(&f.column);
+    match f.transform {
+        Transform::Identity => c,
+        Transform::Year => format!("toYear({c})"),
+        Transform::Month => format!("toYYYYMM({c})"),
+        Transform::Day => format!("toDate({c})"),
+        Transform::Hour => format!("toStartOfHour({c})"),
+        Transform::Bucket(n) => format!("cityHash64({c}) % {n}"),
+        Transform::Truncate(w) => format!("substring(toString({c}), 1, {w})"),
+    }
+}
+
+/// Type text as ClickHouse normalizes it in `system.columns` (no quotes
+/// around tuple element names, no spaces), for comparison.
+pub fn normalized(type_text: &str) -> String {
+    type_text
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '`')
+        .collect()
+}
+
+/// A sorting key as `system.tables` shows it (`id`, `(id)`, `a, b`), as
+/// its column names.
+pub fn sorting_columns(key: &str) -> Vec<String> {
+    key.split(',')
+        .map(|k| {
+            k.chars()
+                .filter(|c| !c.is_whitespace() && !matches!(c, '`' | '(' | ')'))
+                .collect::<String>()
+        })
+        .filter(|k| !k.is_empty())
+        .collect()
+}
+
+/// What is wrong with an existing table, as `(name, type)` lists: one
+/// message per missing or differently typed column.
+pub fn column_problems(existing: &[(String, String)], wanted: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, ty) in wanted {
+        match existing.iter().find(|(n, _)| n == name) {
+            None => out.push(format!("column `{name}` ({ty}) is missing")),
+            Some((_, have)) if normalized(have) != normalized(ty) => {
+                out.push(format!("column `{name}` is {have}, the route needs {ty}"))
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, ty) in existing {
+        if !wanted.iter().any(|(n, _)| n == name) {
+            out.push(format!(
+                "column `{name}` ({ty}) is not written by the route"
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use urutau_planner::types::StructField;
+
+    #[test]
+    fn identifiers_and_literals_are_quoted() {
+        assert_eq!(ident("order"), "`order`");
+        assert_eq!(ident("a`b\\c"), "`a\\`b\\\\c`");
+        assert_eq!(literal("it's"), "'it\\'s'");
+    }
+
+    #[test]
+    fn nested_types_map_natively() {
+        let ty = CanonicalType::Struct(vec![
+            StructField {
+                name: "a b".into(),
+                ty: CanonicalType::List(Box::new(CanonicalType::Int32)),
+            },
+            StructField {
+                name: "m".into(),
+                ty: CanonicalType::Map(
+                    Box::new(CanonicalType::String),
+                    Box::new(CanonicalType::Decimal {
+                        precision: 12,
+                        scale: 2,
+                    }),
+                ),
+            },
+        ]);
+        assert_eq!(
+            column_type(&ty, true),
+            "Nullable(Tuple(`a b` Array(Nullable(Int32)), `m` Map(String, Nullable(Decimal(12, 2)))))"
+        );
+        assert_eq!(
+            normalized(&column_type(&ty, false)),
+            normalized(
+                "Tuple(a b Array(Nullable(Int32)), m Map(String, Nullable(Decimal(12, 2))))"
+            )
+        );
+        assert_eq!(
+            column_type(&CanonicalType::List(Box::new(CanonicalType::Uuid)), true),
+            "Array(Nullable(UUID))"
+        );
+    }
+
+    #[test]
+    fn problems_name_the_columns() {
+        let wanted = vec![
+            ("id".to_string(), "Int64".to_string()),
+            ("v".to_string(), "Nullable(String)".to_string()),
+        ];
+        let existing = vec![
+            ("id".to_string(), "Int32".to_string()),
+            ("w".to_string(), "String".to_string()),
+        ];
+        let p = column_problems(&existing, &wanted);
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(p[0].contains("`id` is Int32"));
+        assert!(p[1].contains("`v` (Nullable(String)) is missing"));
+        assert!(p[2].contains("`w`"));
+    }
+}

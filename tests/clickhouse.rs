@@ -1,0 +1,500 @@
+//! The ClickHouse sink against the real ClickHouse engine: the test
+//! harness's HTTP front over chdb (tests/harness/clickhouse_front.py), or a
+//! real server when `URUTAU_TEST_CLICKHOUSE_URL` is set. Everything the
+//! sink wrote is read back by the engine itself (`SELECT ... FINAL`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::ClickHouse;
+use common::workload::{COLUMNS, Row, differences, workload, write_lines};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+fn urutau(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn run_to_end(pipeline: &Path) -> Output {
+    let out = urutau(&["run", pipeline.to_str().unwrap(), "--exit-when-caught-up"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The position the run resumed its only route from (`None`: from the
+/// beginning).
+fn resumed_from(pipeline: &Path) -> Option<String> {
+    let out = urutau(&[
+        "run",
+        pipeline.to_str().unwrap(),
+        "--exit-when-caught-up",
+        "--log-format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["fields"]["message"] == "resuming")
+        .and_then(|l| l["fields"]["position"].as_str().map(str::to_string))
+}
+
+/// A pipeline: the file into ClickHouse table `<db>.items`.
+fn pipeline(
+    dir: &Path,
+    data: &Path,
+    ch: &ClickHouse,
+    db: &str,
+    table_options: &str,
+    max_rows: usize,
+) -> PathBuf {
+    let text = format!(
+        "CREATE PIPELINE it WITH (max_batch_rows = {max_rows}, progress_interval = '1h');
+CREATE SOURCE src FROM file WITH (path = '{data}');
+CREATE SINK ch INTO clickhouse WITH ({options});
+CREATE TABLE src.items ({COLUMNS});
+CREATE TABLE ch.items WITH ({table_options}) AS SELECT * FROM src.items;
+",
+        data = data.display(),
+        options = ch.sink_options(db)
+    );
+    let p = dir.join("p.sql");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// The columns of `items` as the engine renders them (see [`expected`]).
+const READ: &str = "SELECT id, name, amount, qty, ratio, active, toString(born) AS born,
+  toString(seen) AS seen, toString(uid) AS uid, lower(hex(raw)) AS raw, attrs, tags, props";
+
+/// What the engine renders for an oracle row: ClickHouse has no NULL Array
+/// or Map, so a NULL list or map reads back empty.
+fn expected(row: &Row) -> Value {
+    let s = &row.source;
+    let r = &row.read;
+    let tags = if s["tags"].is_null() {
+        json!([])
+    } else {
+        s["tags"].clone()
+    };
+    let props = if s["props"].is_null() {
+        json!({})
+    } else {
+        s["props"].clone()
+    };
+    json!({
+        "id": s["id"], "name": s["name"], "amount": s["amount"], "qty": s["qty"],
+        "ratio": s["ratio"], "active": s["active"], "born": s["born"],
+        "seen": r["seen"].as_str().map(|t| t.replace('T', " ").replace("+00:00", "")),
+        "uid": s["uid"], "raw": r["raw"], "attrs": s["attrs"], "tags": tags, "props": props,
+    })
+}
+
+fn expected_rows(state: &BTreeMap<i64, Row>) -> Vec<Value> {
+    state.values().map(expected).collect()
+}
+
+/// Kills the pipeline with SIGKILL at random moments, `kills` times.
+fn kill_9_runs(p: &Path, seed: u64, kills: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut done, mut runs) = (0, 0);
+    while done < kills && runs < 40 {
+        runs += 1;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
+            .args([
+                "run",
+                p.to_str().unwrap(),
+                "--exit-when-caught-up",
+                "--log-level",
+                "warn",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(rng.random_range(40..400)));
+        match child.try_wait().unwrap() {
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                done += 1;
+            }
+            Some(status) => {
+                assert!(status.success(), "a run between kills failed: {status}");
+                break;
+            }
+        }
+    }
+    assert!(
+        done >= kills,
+        "the pipeline finished before it could be killed {kills} times ({done})"
+    );
+}
+
+fn count(rows: &[Value]) -> u64 {
+    rows[0]["n"].as_u64().unwrap()
+}
+
+/// The acceptance suite: the Iceberg suite's seeded stream (50k changes
+/// over 5k keys), killed with SIGKILL five times, then run to the end;
+/// `SELECT ... FINAL` equals the oracle; `seq` grows with the position
+/// across the restarts; a re-run writes nothing; cleanup keeps the read.
+#[tokio::test]
+async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    let data = dir.path().join("changes.jsonl");
+    let (lines, state) = workload(20261130, 50_000, 5_000);
+    write_lines(&data, &lines);
+    let p = pipeline(dir.path(), &data, &ch, "up", "write_mode = 'upsert'", 150);
+    kill_9_runs(&p, 99, 5);
+    run_to_end(&p);
+
+    let read = ch
+        .rows(&format!("{READ} FROM up.items FINAL ORDER BY id"))
+        .await;
+    let problems = differences(&read, &expected_rows(&state));
+    assert!(
+        problems.is_empty(),
+        "{} differences, first: {:#?}",
+        problems.len(),
+        &problems[..problems.len().min(10)]
+    );
+    assert_eq!(read.len(), state.len());
+
+    // One position per seq, and positions grow with seq across restarts.
+    let seqs = ch
+        .rows("SELECT seq, min(position) AS lo, max(position) AS hi FROM up.items GROUP BY seq ORDER BY seq")
+        .await;
+    assert!(seqs.len() > 50, "{} batches", seqs.len());
+    let mut last = -1i64;
+    for s in &seqs {
+        assert_eq!(s["lo"], s["hi"], "one position per seq: {s}");
+        let pos: i64 = s["lo"].as_str().unwrap().parse().unwrap();
+        assert!(pos > last, "seq order is position order: {s}");
+        last = pos;
+    }
+    let file_len = std::fs::metadata(&data).unwrap().len().to_string();
+    let newest = ch
+        .rows("SELECT argMax(position, seq) AS p FROM up.items")
+        .await;
+    assert_eq!(newest[0]["p"], file_len.as_str());
+
+    // A re-run over committed input writes nothing.
+    let before = count(&ch.rows("SELECT count() AS n FROM up.items").await);
+    assert_eq!(resumed_from(&p).as_deref(), Some(file_len.as_str()));
+    assert_eq!(
+        count(&ch.rows("SELECT count() AS n FROM up.items").await),
+        before
+    );
+
+    // Cleanup removes tombstones physically; the FINAL read is unchanged.
+    let out = urutau(&["clickhouse", "cleanup", p.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("up.items: cleaned:"), "{said}");
+    let tombstones = count(
+        &ch.rows("SELECT count() AS n FROM up.items WHERE is_deleted = 1")
+            .await,
+    );
+    assert_eq!(tombstones, 0, "cleanup leaves no tombstone");
+    assert_eq!(
+        count(&ch.rows("SELECT count() AS n FROM up.items").await),
+        state.len() as u64,
+        "cleanup leaves one row per live key"
+    );
+    let again = ch
+        .rows(&format!("{READ} FROM up.items FINAL ORDER BY id"))
+        .await;
+    assert_eq!(again, read);
+}
+
+/// Append: every change is a row, exactly once, across kill -9 restarts;
+/// deletes are rows flagged `is_deleted`.
+#[tokio::test]
+async fn append_records_every_change_exactly_once_across_kill_9() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    let data = dir.path().join("changes.jsonl");
+    let (lines, _) = workload(7, 20_000, 2_000);
+    write_lines(&data, &lines);
+    let p = pipeline(dir.path(), &data, &ch, "ap", "write_mode = 'append'", 150);
+    kill_9_runs(&p, 5, 3);
+    run_to_end(&p);
+    let deletes = lines.iter().filter(|l| l.contains("\"op\":\"d\"")).count();
+    let got = ch
+        .rows("SELECT count() AS n, countIf(is_deleted = 1) AS d, uniqExact(seq) AS batches FROM ap.items")
+        .await;
+    assert_eq!(
+        got[0]["n"].as_u64().unwrap(),
+        lines.len() as u64,
+        "one row per change"
+    );
+    assert_eq!(got[0]["d"].as_u64().unwrap(), deletes as u64);
+    run_to_end(&p);
+    assert_eq!(
+        count(&ch.rows("SELECT count() AS n FROM ap.items").await),
+        lines.len() as u64,
+        "a re-run adds nothing"
+    );
+    let engine = ch
+        .rows("SELECT engine FROM system.tables WHERE database = 'ap' AND name = 'items'")
+        .await;
+    assert_eq!(engine[0]["engine"], "MergeTree");
+}
+
+/// workers = 4: each owner records its coordinate; a lagging owner (a crash
+/// between owners) is where the table resumes from, not the newest; an
+/// incomplete owner set is an error.
+#[tokio::test]
+async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    let data = dir.path().join("changes.jsonl");
+    let (lines, state) = workload(11, 3_000, 400);
+    // First half, then all: owner 2's coordinate after the first half is
+    // what it will fall back to.
+    write_lines(&data, &lines[..1_500]);
+    let p = pipeline(
+        dir.path(),
+        &data,
+        &ch,
+        "pt",
+        "write_mode = 'upsert', workers = 4",
+        100,
+    );
+    run_to_end(&p);
+    let half = ch
+        .rows("SELECT argMax(position, seq) AS p, max(seq) AS s FROM pt.items_urutau_position WHERE owner = 2")
+        .await;
+    let (lag_position, lag_seq) = (
+        half[0]["p"].as_str().unwrap().to_string(),
+        half[0]["s"].as_u64().unwrap(),
+    );
+    write_lines(&data, &lines);
+    run_to_end(&p);
+    let file_len = std::fs::metadata(&data).unwrap().len().to_string();
+    let owners = ch
+        .rows("SELECT owner, argMax(position, seq) AS p FROM pt.items_urutau_position GROUP BY owner ORDER BY owner")
+        .await;
+    assert_eq!(owners.len(), 4, "{owners:?}");
+    assert!(
+        owners.iter().all(|o| o["p"] == file_len.as_str()),
+        "{owners:?}"
+    );
+
+    // Owner 2 falls behind: its newer coordinates are gone, as if it had
+    // written its rows and died before recording where it was.
+    ch.query(
+        "ALTER TABLE pt.items_urutau_position DELETE WHERE owner = 2 SETTINGS mutations_sync = 2",
+    )
+    .await;
+    ch.query(&format!(
+        "INSERT INTO pt.items_urutau_position (owner, position, seq) VALUES (2, '{lag_position}', {lag_seq})"
+    ))
+    .await;
+    let from = resumed_from(&p);
+    assert_eq!(
+        from.as_deref(),
+        Some(lag_position.as_str()),
+        "resumes from the lagging owner"
+    );
+    assert_ne!(lag_position, file_len);
+    let read = ch
+        .rows(&format!("{READ} FROM pt.items FINAL ORDER BY id"))
+        .await;
+    let problems = differences(&read, &expected_rows(&state));
+    assert!(
+        problems.is_empty(),
+        "{:#?}",
+        &problems[..problems.len().min(10)]
+    );
+
+    // An owner with no coordinate at all: an error, not a guess.
+    ch.query(
+        "ALTER TABLE pt.items_urutau_position DELETE WHERE owner = 3 SETTINGS mutations_sync = 2",
+    )
+    .await;
+    let out = urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("incomplete owner set"), "{err}");
+}
+
+/// Every canonical kind lands in its native ClickHouse type and reads back.
+#[tokio::test]
+async fn every_canonical_kind_round_trips_natively() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    let data = dir.path().join("kinds.jsonl");
+    let max = json!({
+        "id": 1, "b": true, "i": i32::MIN, "u": u64::MAX, "r": 1.5, "d": -0.0,
+        "n": "9999999999999999999999999999.9999999999", "s": "ünï \"q\"", "bin": "AP8=", "fx": "3q2+7w==",
+        "dt": "1969-12-31", "tm": "23:59:59.999999", "ts": "1969-12-31T23:59:59.999999",
+        "tz": "1900-01-01T00:00:00.000001+02:00", "uid": "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11",
+        "j": "{\"a\":[1,2]}", "st": {"a": 7, "b": ["x", null]}, "l": [i64::MAX, null], "m": {"k": 0.25, "z": null},
+        "order": "kw", "a b": 5
+    });
+    let nulls = json!({"id": 2});
+    write_lines(
+        &data,
+        &[
+            json!({"op": "c", "after": max, "source": {"table": "kinds"}}).to_string(),
+            json!({"op": "c", "after": nulls, "source": {"table": "kinds"}}).to_string(),
+        ],
+    );
+    let text = format!(
+        "CREATE SOURCE src FROM file WITH (path = '{data}');
+CREATE SINK ch INTO clickhouse WITH ({options});
+CREATE TABLE src.kinds (id BIGINT NOT NULL, b BOOLEAN, i INT, u UBIGINT, r REAL, d DOUBLE, n DECIMAL(38,10),
+  s VARCHAR, bin BYTEA, fx FIXED(4), dt DATE, tm TIME, ts TIMESTAMP, tz TIMESTAMPTZ, uid UUID, j JSON,
+  st STRUCT<a INT, b LIST<VARCHAR>>, l LIST<BIGINT>, m MAP<VARCHAR, DOUBLE>, \"order\" VARCHAR, \"a b\" INT,
+  PRIMARY KEY (id));
+CREATE TABLE ch.kinds AS SELECT * FROM src.kinds;
+",
+        data = data.display(),
+        options = ch.sink_options("k")
+    );
+    let p = dir.path().join("k.sql");
+    std::fs::write(&p, text).unwrap();
+    run_to_end(&p);
+    let rows = ch
+        .rows(
+            "SELECT id, b, i, u, r, d, n, s, lower(hex(bin)) AS bin, lower(hex(fx)) AS fx, toString(dt) AS dt,
+               toString(tm) AS tm, toString(ts) AS ts, toString(tz) AS tz, toString(uid) AS uid, j, st, l, m,
+               `order`, `a b` FROM k.kinds FINAL ORDER BY id",
+        )
+        .await;
+    assert_eq!(
+        rows[0],
+        json!({
+            "id": 1, "b": true, "i": i32::MIN, "u": u64::MAX, "r": 1.5, "d": -0.0,
+            "n": "9999999999999999999999999999.9999999999", "s": "ünï \"q\"", "bin": "00ff", "fx": "deadbeef",
+            "dt": "1969-12-31", "tm": "23:59:59.999999", "ts": "1969-12-31 23:59:59.999999",
+            "tz": "1899-12-31 22:00:00.000001", "uid": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "j": "{\"a\":[1,2]}", "st": {"a": 7, "b": ["x", null]}, "l": [i64::MAX, null],
+            "m": {"k": 0.25, "z": null}, "order": "kw", "a b": 5
+        })
+    );
+    assert_eq!(
+        rows[1],
+        json!({
+            "id": 2, "b": null, "i": null, "u": null, "r": null, "d": null, "n": null, "s": null,
+            "bin": null, "fx": null, "dt": null, "tm": null, "ts": null, "tz": null, "uid": null,
+            "j": null, "st": null, "l": [], "m": {}, "order": null, "a b": null
+        })
+    );
+    let types: BTreeMap<String, String> = ch
+        .rows("SELECT name, type FROM system.columns WHERE database = 'k' AND table = 'kinds'")
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    for (name, ty) in [
+        ("id", "Int64"),
+        ("u", "Nullable(UInt64)"),
+        ("n", "Nullable(Decimal(38, 10))"),
+        ("fx", "Nullable(FixedString(4))"),
+        ("dt", "Nullable(Date32)"),
+        ("tm", "Nullable(Time64(6))"),
+        ("ts", "Nullable(DateTime64(6))"),
+        ("tz", "Nullable(DateTime64(6, 'UTC'))"),
+        ("uid", "Nullable(UUID)"),
+        ("j", "Nullable(String)"),
+        (
+            "st",
+            "Nullable(Tuple(a Nullable(Int32), b Array(Nullable(String))))",
+        ),
+        ("l", "Array(Nullable(Int64))"),
+        ("m", "Map(String, Nullable(Float64))"),
+        ("position", "String"),
+        ("seq", "UInt64"),
+        ("is_deleted", "UInt8"),
+    ] {
+        assert_eq!(types.get(name).map(String::as_str), Some(ty), "{name}");
+    }
+    let engine = ch
+        .rows("SELECT engine_full FROM system.tables WHERE database = 'k' AND name = 'kinds'")
+        .await;
+    let engine = engine[0]["engine_full"].as_str().unwrap();
+    assert!(
+        engine.starts_with("ReplacingMergeTree(seq, is_deleted) ORDER BY (id)"),
+        "{engine}"
+    );
+    assert!(!engine.contains("PARTITION BY"), "{engine}");
+}
+
+/// An existing table that does not match the route is an error naming the
+/// columns; nothing is written or altered.
+#[tokio::test]
+async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    ch.query("CREATE DATABASE mm").await;
+    ch.query("CREATE TABLE mm.items (id Int32, name String, position String, seq UInt64, is_deleted UInt8) ENGINE = ReplacingMergeTree(seq, is_deleted) ORDER BY id")
+        .await;
+    let data = dir.path().join("changes.jsonl");
+    let (lines, _) = workload(3, 50, 20);
+    write_lines(&data, &lines);
+    let p = pipeline(dir.path(), &data, &ch, "mm", "write_mode = 'upsert'", 150);
+    let out = urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mm.items exists and does not match"), "{err}");
+    assert!(
+        err.contains("column `id` is Int32, the route needs Int64"),
+        "{err}"
+    );
+    assert!(
+        err.contains("column `amount` (Nullable(Decimal(12, 2))) is missing"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("ch-test-secret"),
+        "the password never appears: {err}"
+    );
+    assert_eq!(
+        count(&ch.rows("SELECT count() AS n FROM mm.items").await),
+        0
+    );
+}
