@@ -15,78 +15,15 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{
-    ArrayRef, Decimal128Array, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampMicrosecondArray,
-};
-use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::array::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use support::{generate, peak_rss_mib, registry};
+use support::{generate, peak_rss_mib, registry, table_batches};
 use urutau_engine::{RunOptions, Shutdown};
 use urutau_planner::plan::plan_pipeline;
-
-/// Rows of the benchmark table, built in memory (not timed).
-fn table_batches(rows: usize, batch_rows: usize, tz: &str) -> Vec<RecordBatch> {
-    let mut rng = StdRng::seed_from_u64(3);
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("customer_id", DataType::Int64, true),
-        Field::new("amount", DataType::Decimal128(12, 2), true),
-        Field::new("status", DataType::Utf8, true),
-        Field::new(
-            "created_at",
-            DataType::Timestamp(TimeUnit::Microsecond, Some(tz.into())),
-            true,
-        ),
-        Field::new("qty", DataType::Int32, true),
-        Field::new("note", DataType::Utf8, true),
-    ]));
-    (0..rows.div_ceil(batch_rows))
-        .map(|b| {
-            let n = batch_rows.min(rows - b * batch_rows);
-            let columns: Vec<ArrayRef> =
-                vec![
-                    Arc::new(Int64Array::from_iter_values(
-                        (0..n).map(|_| rng.random_range(0..100_000)),
-                    )),
-                    Arc::new(Int64Array::from_iter_values(
-                        (0..n).map(|_| rng.random_range(1..50_000)),
-                    )),
-                    Arc::new(
-                        Decimal128Array::from_iter_values(
-                            (0..n).map(|_| rng.random_range(0..10_000_000i128)),
-                        )
-                        .with_precision_and_scale(12, 2)
-                        .unwrap(),
-                    ),
-                    Arc::new(StringArray::from_iter_values((0..n).map(|_| {
-                        ["new", "paid", "shipped", "cancelled"][rng.random_range(0..4)]
-                    }))),
-                    Arc::new(
-                        TimestampMicrosecondArray::from_iter_values((0..n).map(|_| {
-                            1_700_000_000_000_000 + rng.random_range(0..10_000_000_000i64)
-                        }))
-                        .with_timezone(tz),
-                    ),
-                    Arc::new(Int32Array::from_iter_values(
-                        (0..n).map(|_| rng.random_range(1..20)),
-                    )),
-                    Arc::new(StringArray::from_iter((0..n).map(|_| {
-                        rng.random_bool(0.8)
-                            .then(|| format!("note {}", rng.random_range(0..1000)))
-                    }))),
-                ];
-            RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
-        })
-        .collect()
-}
 
 /// The ceiling: the rows written as one Parquet file, rows/s.
 fn parquet_ceiling(path: &std::path::Path, batches: &[RecordBatch]) -> f64 {

@@ -3,6 +3,13 @@
 #![allow(dead_code)]
 
 use std::io::Write;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, Decimal128Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
+};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -95,4 +102,60 @@ pub fn peak_rss_mib() -> f64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|kb| kb.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Rows of the benchmark table, built in memory (not timed).
+pub fn table_batches(rows: usize, batch_rows: usize, tz: &str) -> Vec<RecordBatch> {
+    let mut rng = StdRng::seed_from_u64(3);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("customer_id", DataType::Int64, true),
+        Field::new("amount", DataType::Decimal128(12, 2), true),
+        Field::new("status", DataType::Utf8, true),
+        Field::new(
+            "created_at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some(tz.into())),
+            true,
+        ),
+        Field::new("qty", DataType::Int32, true),
+        Field::new("note", DataType::Utf8, true),
+    ]));
+    (0..rows.div_ceil(batch_rows))
+        .map(|b| {
+            let n = batch_rows.min(rows - b * batch_rows);
+            let columns: Vec<ArrayRef> =
+                vec![
+                    Arc::new(Int64Array::from_iter_values(
+                        (0..n).map(|_| rng.random_range(0..100_000)),
+                    )),
+                    Arc::new(Int64Array::from_iter_values(
+                        (0..n).map(|_| rng.random_range(1..50_000)),
+                    )),
+                    Arc::new(
+                        Decimal128Array::from_iter_values(
+                            (0..n).map(|_| rng.random_range(0..10_000_000i128)),
+                        )
+                        .with_precision_and_scale(12, 2)
+                        .unwrap(),
+                    ),
+                    Arc::new(StringArray::from_iter_values((0..n).map(|_| {
+                        ["new", "paid", "shipped", "cancelled"][rng.random_range(0..4)]
+                    }))),
+                    Arc::new(
+                        TimestampMicrosecondArray::from_iter_values((0..n).map(|_| {
+                            1_700_000_000_000_000 + rng.random_range(0..10_000_000_000i64)
+                        }))
+                        .with_timezone(tz),
+                    ),
+                    Arc::new(Int32Array::from_iter_values(
+                        (0..n).map(|_| rng.random_range(1..20)),
+                    )),
+                    Arc::new(StringArray::from_iter((0..n).map(|_| {
+                        rng.random_bool(0.8)
+                            .then(|| format!("note {}", rng.random_range(0..1000)))
+                    }))),
+                ];
+            RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
+        })
+        .collect()
 }

@@ -23,7 +23,7 @@ Usage
   python clickhouse_front.py stop --pid N [--timeout S]
       SIGTERM the server started above (SIGKILL after S seconds).
 
-HTTP surface (see the report for details)
+HTTP surface
   GET/POST /?query=...            query in the URL and/or in the body
   POST body = query text           when there is no `query` parameter
   INSERT ... FORMAT X + data       data from the body (and inline text after
