@@ -162,15 +162,23 @@ async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
     };
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    ch.fresh_database("urutau_t_up").await;
     let data = dir.path().join("changes.jsonl");
     let (lines, state) = workload(20261130, 50_000, 5_000);
     write_lines(&data, &lines);
-    let p = pipeline(dir.path(), &data, &ch, "up", "write_mode = 'upsert'", 150);
+    let p = pipeline(
+        dir.path(),
+        &data,
+        &ch,
+        "urutau_t_up",
+        "write_mode = 'upsert'",
+        150,
+    );
     kill_9_runs(&p, 99, 5);
     run_to_end(&p);
 
     let read = ch
-        .rows(&format!("{READ} FROM up.items FINAL ORDER BY id"))
+        .rows(&format!("{READ} FROM urutau_t_up.items FINAL ORDER BY id"))
         .await;
     let problems = differences(&read, &expected_rows(&state));
     assert!(
@@ -183,7 +191,7 @@ async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
 
     // One position per seq, and positions grow with seq across restarts.
     let seqs = ch
-        .rows("SELECT seq, min(position) AS lo, max(position) AS hi FROM up.items GROUP BY seq ORDER BY seq")
+        .rows("SELECT seq, min(position) AS lo, max(position) AS hi FROM urutau_t_up.items GROUP BY seq ORDER BY seq")
         .await;
     assert!(seqs.len() > 50, "{} batches", seqs.len());
     let mut last = -1i64;
@@ -195,15 +203,15 @@ async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
     }
     let file_len = std::fs::metadata(&data).unwrap().len().to_string();
     let newest = ch
-        .rows("SELECT argMax(position, seq) AS p FROM up.items")
+        .rows("SELECT argMax(position, seq) AS p FROM urutau_t_up.items")
         .await;
     assert_eq!(newest[0]["p"], file_len.as_str());
 
     // A re-run over committed input writes nothing.
-    let before = count(&ch.rows("SELECT count() AS n FROM up.items").await);
+    let before = count(&ch.rows("SELECT count() AS n FROM urutau_t_up.items").await);
     assert_eq!(resumed_from(&p).as_deref(), Some(file_len.as_str()));
     assert_eq!(
-        count(&ch.rows("SELECT count() AS n FROM up.items").await),
+        count(&ch.rows("SELECT count() AS n FROM urutau_t_up.items").await),
         before
     );
 
@@ -215,19 +223,19 @@ async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
         String::from_utf8_lossy(&out.stderr)
     );
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains("up.items: cleaned:"), "{said}");
+    assert!(said.contains("urutau_t_up.items: cleaned:"), "{said}");
     let tombstones = count(
-        &ch.rows("SELECT count() AS n FROM up.items WHERE is_deleted = 1")
+        &ch.rows("SELECT count() AS n FROM urutau_t_up.items WHERE is_deleted = 1")
             .await,
     );
     assert_eq!(tombstones, 0, "cleanup leaves no tombstone");
     assert_eq!(
-        count(&ch.rows("SELECT count() AS n FROM up.items").await),
+        count(&ch.rows("SELECT count() AS n FROM urutau_t_up.items").await),
         state.len() as u64,
         "cleanup leaves one row per live key"
     );
     let again = ch
-        .rows(&format!("{READ} FROM up.items FINAL ORDER BY id"))
+        .rows(&format!("{READ} FROM urutau_t_up.items FINAL ORDER BY id"))
         .await;
     assert_eq!(again, read);
 }
@@ -241,15 +249,23 @@ async fn append_records_every_change_exactly_once_across_kill_9() {
     };
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    ch.fresh_database("urutau_t_ap").await;
     let data = dir.path().join("changes.jsonl");
     let (lines, _) = workload(7, 20_000, 2_000);
     write_lines(&data, &lines);
-    let p = pipeline(dir.path(), &data, &ch, "ap", "write_mode = 'append'", 150);
+    let p = pipeline(
+        dir.path(),
+        &data,
+        &ch,
+        "urutau_t_ap",
+        "write_mode = 'append'",
+        150,
+    );
     kill_9_runs(&p, 5, 3);
     run_to_end(&p);
     let deletes = lines.iter().filter(|l| l.contains("\"op\":\"d\"")).count();
     let got = ch
-        .rows("SELECT count() AS n, countIf(is_deleted = 1) AS d, uniqExact(seq) AS batches FROM ap.items")
+        .rows("SELECT count() AS n, countIf(is_deleted = 1) AS d, uniqExact(seq) AS batches FROM urutau_t_ap.items")
         .await;
     assert_eq!(
         got[0]["n"].as_u64().unwrap(),
@@ -259,12 +275,12 @@ async fn append_records_every_change_exactly_once_across_kill_9() {
     assert_eq!(got[0]["d"].as_u64().unwrap(), deletes as u64);
     run_to_end(&p);
     assert_eq!(
-        count(&ch.rows("SELECT count() AS n FROM ap.items").await),
+        count(&ch.rows("SELECT count() AS n FROM urutau_t_ap.items").await),
         lines.len() as u64,
         "a re-run adds nothing"
     );
     let engine = ch
-        .rows("SELECT engine FROM system.tables WHERE database = 'ap' AND name = 'items'")
+        .rows("SELECT engine FROM system.tables WHERE database = 'urutau_t_ap' AND name = 'items'")
         .await;
     assert_eq!(engine[0]["engine"], "MergeTree");
 }
@@ -279,6 +295,7 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
     };
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    ch.fresh_database("urutau_t_pt").await;
     let data = dir.path().join("changes.jsonl");
     let (lines, state) = workload(11, 3_000, 400);
     // First half, then all: owner 2's coordinate after the first half is
@@ -288,13 +305,13 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
         dir.path(),
         &data,
         &ch,
-        "pt",
+        "urutau_t_pt",
         "write_mode = 'upsert', workers = 4",
         100,
     );
     run_to_end(&p);
     let half = ch
-        .rows("SELECT argMax(position, seq) AS p, max(seq) AS s FROM pt.items_urutau_position WHERE owner = 2")
+        .rows("SELECT argMax(position, seq) AS p, max(seq) AS s FROM urutau_t_pt.items_urutau_position WHERE owner = 2")
         .await;
     let (lag_position, lag_seq) = (
         half[0]["p"].as_str().unwrap().to_string(),
@@ -304,7 +321,7 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
     run_to_end(&p);
     let file_len = std::fs::metadata(&data).unwrap().len().to_string();
     let owners = ch
-        .rows("SELECT owner, argMax(position, seq) AS p FROM pt.items_urutau_position GROUP BY owner ORDER BY owner")
+        .rows("SELECT owner, argMax(position, seq) AS p FROM urutau_t_pt.items_urutau_position GROUP BY owner ORDER BY owner")
         .await;
     assert_eq!(owners.len(), 4, "{owners:?}");
     assert!(
@@ -315,11 +332,11 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
     // Owner 2 falls behind: its newer coordinates are gone, as if it had
     // written its rows and died before recording where it was.
     ch.query(
-        "ALTER TABLE pt.items_urutau_position DELETE WHERE owner = 2 SETTINGS mutations_sync = 2",
+        "ALTER TABLE urutau_t_pt.items_urutau_position DELETE WHERE owner = 2 SETTINGS mutations_sync = 2",
     )
     .await;
     ch.query(&format!(
-        "INSERT INTO pt.items_urutau_position (owner, position, seq) VALUES (2, '{lag_position}', {lag_seq})"
+        "INSERT INTO urutau_t_pt.items_urutau_position (owner, position, seq) VALUES (2, '{lag_position}', {lag_seq})"
     ))
     .await;
     let from = resumed_from(&p);
@@ -330,7 +347,7 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
     );
     assert_ne!(lag_position, file_len);
     let read = ch
-        .rows(&format!("{READ} FROM pt.items FINAL ORDER BY id"))
+        .rows(&format!("{READ} FROM urutau_t_pt.items FINAL ORDER BY id"))
         .await;
     let problems = differences(&read, &expected_rows(&state));
     assert!(
@@ -341,7 +358,7 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
 
     // An owner with no coordinate at all: an error, not a guess.
     ch.query(
-        "ALTER TABLE pt.items_urutau_position DELETE WHERE owner = 3 SETTINGS mutations_sync = 2",
+        "ALTER TABLE urutau_t_pt.items_urutau_position DELETE WHERE owner = 3 SETTINGS mutations_sync = 2",
     )
     .await;
     let out = urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
@@ -358,6 +375,7 @@ async fn every_canonical_kind_round_trips_natively() {
     };
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    ch.fresh_database("urutau_t_k").await;
     let data = dir.path().join("kinds.jsonl");
     let max = json!({
         "id": 1, "b": true, "i": i32::MIN, "u": u64::MAX, "r": 1.5, "d": -0.0,
@@ -385,7 +403,7 @@ CREATE TABLE src.kinds (id BIGINT NOT NULL, b BOOLEAN, i INT, u UBIGINT, r REAL,
 CREATE TABLE ch.kinds AS SELECT * FROM src.kinds;
 ",
         data = data.display(),
-        options = ch.sink_options("k")
+        options = ch.sink_options("urutau_t_k")
     );
     let p = dir.path().join("k.sql");
     std::fs::write(&p, text).unwrap();
@@ -394,7 +412,7 @@ CREATE TABLE ch.kinds AS SELECT * FROM src.kinds;
         .rows(
             "SELECT id, b, i, u, r, d, n, s, lower(hex(bin)) AS bin, lower(hex(fx)) AS fx, toString(dt) AS dt,
                toString(tm) AS tm, toString(ts) AS ts, toString(tz) AS tz, toString(uid) AS uid, j, st, l, m,
-               `order`, `a b` FROM k.kinds FINAL ORDER BY id",
+               `order`, `a b` FROM urutau_t_k.kinds FINAL ORDER BY id",
         )
         .await;
     assert_eq!(
@@ -417,7 +435,7 @@ CREATE TABLE ch.kinds AS SELECT * FROM src.kinds;
         })
     );
     let types: BTreeMap<String, String> = ch
-        .rows("SELECT name, type FROM system.columns WHERE database = 'k' AND table = 'kinds'")
+        .rows("SELECT name, type FROM system.columns WHERE database = 'urutau_t_k' AND table = 'kinds'")
         .await
         .iter()
         .map(|r| {
@@ -451,7 +469,7 @@ CREATE TABLE ch.kinds AS SELECT * FROM src.kinds;
         assert_eq!(types.get(name).map(String::as_str), Some(ty), "{name}");
     }
     let engine = ch
-        .rows("SELECT engine_full FROM system.tables WHERE database = 'k' AND name = 'kinds'")
+        .rows("SELECT engine_full FROM system.tables WHERE database = 'urutau_t_k' AND name = 'kinds'")
         .await;
     let engine = engine[0]["engine_full"].as_str().unwrap();
     assert!(
@@ -470,17 +488,28 @@ async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
     };
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
-    ch.query("CREATE DATABASE mm").await;
-    ch.query("CREATE TABLE mm.items (id Int32, name String, position String, seq UInt64, is_deleted UInt8) ENGINE = ReplacingMergeTree(seq, is_deleted) ORDER BY id")
+    ch.fresh_database("urutau_t_mm").await;
+    ch.query("CREATE DATABASE urutau_t_mm").await;
+    ch.query("CREATE TABLE urutau_t_mm.items (id Int32, name String, position String, seq UInt64, is_deleted UInt8) ENGINE = ReplacingMergeTree(seq, is_deleted) ORDER BY id")
         .await;
     let data = dir.path().join("changes.jsonl");
     let (lines, _) = workload(3, 50, 20);
     write_lines(&data, &lines);
-    let p = pipeline(dir.path(), &data, &ch, "mm", "write_mode = 'upsert'", 150);
+    let p = pipeline(
+        dir.path(),
+        &data,
+        &ch,
+        "urutau_t_mm",
+        "write_mode = 'upsert'",
+        150,
+    );
     let out = urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("mm.items exists and does not match"), "{err}");
+    assert!(
+        err.contains("urutau_t_mm.items exists and does not match"),
+        "{err}"
+    );
     assert!(
         err.contains("column `id` is Int32, the route needs Int64"),
         "{err}"
@@ -494,7 +523,7 @@ async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
         "the password never appears: {err}"
     );
     assert_eq!(
-        count(&ch.rows("SELECT count() AS n FROM mm.items").await),
+        count(&ch.rows("SELECT count() AS n FROM urutau_t_mm.items").await),
         0
     );
 }

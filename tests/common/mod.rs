@@ -339,6 +339,13 @@ impl ClickHouse {
         }
     }
 
+    /// Drops what an earlier run left of a test's database on a real
+    /// server (the tests' databases are named `urutau_t_*`).
+    pub async fn fresh_database(&self, name: &str) {
+        assert!(name.starts_with("urutau_t_"));
+        self.query(&format!("DROP DATABASE IF EXISTS {name}")).await;
+    }
+
     /// The sink options that reach this server.
     pub fn sink_options(&self, database: &str) -> String {
         format!(
