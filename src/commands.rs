@@ -30,7 +30,7 @@ async fn load_and_plan(
     let loaded = match load_pipeline(file, &process_env) {
         Ok(l) => l,
         Err(invalid) => {
-            eprint!("{invalid}");
+            eprint!("{}", redact_text(&invalid.to_string()));
             return Err(INVALID);
         }
     };
@@ -54,7 +54,9 @@ async fn load_and_plan(
 
 fn print_diagnostics(loaded: &LoadedPipeline, diags: &Diagnostics) {
     if !diags.items.is_empty() {
-        eprint!("{}", diags.render(&loaded.path, Some(&loaded.text)));
+        // The quoted source lines may hold secrets (a password in a URI).
+        let text = diags.render(&loaded.path, Some(&loaded.text));
+        eprint!("{}", scrub(&text, &secrets(loaded)));
     }
 }
 

@@ -32,7 +32,13 @@ pub struct SourceKindDef {
     /// The source provides transport context columns (stream, shard,
     /// sequence, ...) — the coordinate `append-idempotent` needs.
     pub transport: bool,
+    /// Extra checks of a source's options (settings this build cannot
+    /// honour, combinations).
+    pub rules: Vec<SourceRule>,
 }
+
+/// A check a source kind imposes on its sources.
+pub type SourceRule = fn(&SourceSpec, &mut Diagnostics);
 
 /// The schema of one source table, as the source reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -166,13 +166,22 @@ pub fn validate(spec: &mut PipelineSpec, registry: &Registry) -> Diagnostics {
             ));
         }
         match registry.source(&source.kind.name) {
-            Some(provider) => check_options(
-                &mut source.options,
-                &provider.def().options,
-                &format!("source `{}` ({})", source.name, source.kind),
-                source.name.span,
-                &mut d,
-            ),
+            Some(provider) => {
+                let before = d.errors().count();
+                check_options(
+                    &mut source.options,
+                    &provider.def().options,
+                    &format!("source `{}` ({})", source.name, source.kind),
+                    source.name.span,
+                    &mut d,
+                );
+                // The kind's own rules read checked options only.
+                if d.errors().count() == before {
+                    for rule in &provider.def().rules {
+                        rule(source, &mut d);
+                    }
+                }
+            }
             None => d.push(unknown_kind(
                 "source",
                 &source.kind.name,

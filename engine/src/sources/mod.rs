@@ -3,6 +3,7 @@
 //! and opens a [`ChangeSource`] for running.
 
 pub mod file;
+pub mod postgres;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -72,6 +73,7 @@ pub trait ChangeSource: Send {
 pub fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     match args.plan.spec.kind.name.as_str() {
         "file" => file::open(args),
+        "postgres" => postgres::open(args),
         other => Err(SourceError::new(format!(
             "source kind {other} cannot run in this build"
         ))),
@@ -91,4 +93,5 @@ pub fn position_kind(kind: &str) -> Option<PositionKind> {
 /// Registers every source kind this engine runs.
 pub fn register(registry: &mut Registry) {
     registry.register_source(Arc::new(file::FileSourceProvider::new()));
+    registry.register_source(postgres::provider());
 }

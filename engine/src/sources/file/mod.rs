@@ -51,6 +51,7 @@ impl FileSourceProvider {
                 ],
                 declares_tables: true,
                 transport: false,
+                rules: vec![],
             },
         }
     }

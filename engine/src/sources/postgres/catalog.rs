@@ -1,0 +1,334 @@
+//! What the Postgres source asks the server before it streams: table
+//! schemas (columns, types, primary key), and the replication set-up —
+//! `wal_level`, privileges, REPLICA IDENTITY, the publication and the slot
+//! — done idempotently at every start.
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection, Row};
+use urutau_planner::diagnostic::Span;
+use urutau_planner::registry::SourceTableSchema;
+use urutau_planner::spec::{ColumnSpec, Ident};
+
+use super::pgtypes::{PgType, PgTypeKind, canonical_type};
+use crate::sources::SourceError;
+
+/// A routed table's name in Postgres.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PgTable {
+    pub schema: String,
+    pub name: String,
+}
+
+impl PgTable {
+    /// `public.orders` from a route's `orders` or `public.orders`.
+    pub fn from_parts(parts: &[String]) -> Result<PgTable, String> {
+        match parts {
+            [t] => Ok(PgTable {
+                schema: "public".into(),
+                name: t.clone(),
+            }),
+            [s, t] => Ok(PgTable {
+                schema: s.clone(),
+                name: t.clone(),
+            }),
+            _ => Err(format!(
+                "`{}`: a Postgres table is `schema.table` or `table`",
+                parts.join(".")
+            )),
+        }
+    }
+
+    /// The quoted SQL name.
+    pub fn quoted(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+}
+
+impl std::fmt::Display for PgTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+/// `name` as a quoted SQL identifier.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Connects a SQL session (the URI's credentials never reach messages).
+pub async fn connect(uri: &str) -> Result<PgConnection, String> {
+    let options: PgConnectOptions = uri
+        .parse()
+        .map_err(|e: sqlx::Error| format!("the source uri: {}", redact(&e.to_string())))?;
+    options
+        .log_statements(tracing::log::LevelFilter::Debug)
+        .connect()
+        .await
+        .map_err(|e| format!("connecting to Postgres: {}", redact(&e.to_string())))
+}
+
+/// Removes anything that looks like URI credentials from a message.
+fn redact(text: &str) -> String {
+    urutau_planner::options::redact_text(text)
+}
+
+/// The schema of a routed table as the catalog holds it.
+pub async fn table_schema(
+    conn: &mut PgConnection,
+    table: &PgTable,
+) -> Result<SourceTableSchema, String> {
+    let rows = sqlx::query(
+        "SELECT a.attname::text AS name,
+                a.attnotnull AS not_null,
+                COALESCE(NULLIF(t.typbasetype, 0), t.oid)::int8 AS oid,
+                CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE a.atttypmod END AS typmod,
+                format_type(a.atttypid, a.atttypmod) AS type_name,
+                CASE WHEN t.typtype = 'd' THEN b.typtype ELSE t.typtype END::text AS typtype,
+                CASE WHEN t.typtype = 'd' THEN b.typcategory ELSE t.typcategory END::text AS category,
+                COALESCE(NULLIF(e.typbasetype, 0), e.oid)::int8 AS elem_oid,
+                e.typtype::text AS elem_typtype,
+                format_type(e.oid, NULL) AS elem_name
+         FROM pg_attribute a
+         JOIN pg_class c ON c.oid = a.attrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         JOIN pg_type t ON t.oid = a.atttypid
+         LEFT JOIN pg_type b ON b.oid = t.typbasetype
+         LEFT JOIN pg_type e ON e.oid = (CASE WHEN t.typtype = 'd' THEN b.typelem ELSE t.typelem END)
+         WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped
+         ORDER BY a.attnum",
+    )
+    .bind(&table.schema)
+    .bind(&table.name)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| format!("reading the columns of {table}: {e}"))?;
+    if rows.is_empty() {
+        return Err(format!(
+            "table {table} does not exist in the source database"
+        ));
+    }
+    let mut columns = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let name: String = r.get("name");
+        let typtype: String = r.get("typtype");
+        let category: String = r.get("category");
+        let ty = PgType {
+            oid: r.get::<i64, _>("oid") as u32,
+            typmod: r.get("typmod"),
+            name: r.get("type_name"),
+            kind: if category == "A" {
+                let elem_typtype: Option<String> = r.get("elem_typtype");
+                PgTypeKind::Array(Box::new(PgType {
+                    oid: r.get::<Option<i64>, _>("elem_oid").unwrap_or(0) as u32,
+                    typmod: -1,
+                    name: r.get::<Option<String>, _>("elem_name").unwrap_or_default(),
+                    kind: if elem_typtype.as_deref() == Some("e") {
+                        PgTypeKind::Enum
+                    } else {
+                        PgTypeKind::Base
+                    },
+                }))
+            } else if typtype == "e" {
+                PgTypeKind::Enum
+            } else {
+                PgTypeKind::Base
+            },
+        };
+        let mapping = canonical_type(&ty);
+        if let Some(w) = mapping.warning {
+            tracing::warn!(table = %table, column = %name, "{w}");
+        }
+        columns.push(ColumnSpec {
+            name: Ident::new(name, Span::default()),
+            ty: mapping.ty,
+            nullable: !r.get::<bool, _>("not_null"),
+        });
+    }
+    let keys = sqlx::query(
+        "SELECT a.attname::text AS name
+         FROM pg_index i
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+         WHERE i.indrelid = $1::regclass AND i.indisprimary
+         ORDER BY array_position(i.indkey::int2[], a.attnum)",
+    )
+    .bind(table.quoted())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| format!("reading the primary key of {table}: {e}"))?;
+    Ok(SourceTableSchema {
+        columns,
+        primary_key: keys.iter().map(|r| r.get::<String, _>("name")).collect(),
+    })
+}
+
+/// What the replication set-up found and did.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The slot's `confirmed_flush_lsn` (it existed), or where it was
+    /// created.
+    pub slot_lsn: u64,
+    pub slot_created: bool,
+}
+
+/// Checks `wal_level` and privileges, sets REPLICA IDENTITY FULL (unless
+/// `keep`), makes the publication hold exactly `tables`, and creates the
+/// slot when absent — before any snapshot read.
+pub async fn prepare(
+    conn: &mut PgConnection,
+    tables: &[PgTable],
+    slot: &str,
+    publication: &str,
+    keep_replica_identity: bool,
+) -> Result<Prepared, SourceError> {
+    let fail = |doing: &str, e: sqlx::Error| SourceError::new(format!("{doing}: {e}"));
+    let wal_level: String = sqlx::query_scalar("SHOW wal_level")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| fail("reading wal_level", e))?;
+    if wal_level != "logical" {
+        return Err(SourceError::new(format!(
+            "the source server has wal_level = {wal_level}; logical replication needs wal_level = logical (postgresql.conf, then a restart)"
+        )));
+    }
+    let (can_replicate, superuser): (bool, bool) = sqlx::query_as(
+        "SELECT rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| fail("reading the role's privileges", e))?;
+    if !can_replicate && !superuser {
+        return Err(SourceError::new(
+            "the source user has no REPLICATION privilege (ALTER ROLE ... WITH REPLICATION)",
+        ));
+    }
+    for t in tables {
+        let ident: Option<String> =
+            sqlx::query_scalar("SELECT relreplident::text FROM pg_class WHERE oid = $1::regclass")
+                .bind(t.quoted())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| fail(&format!("reading the replica identity of {t}"), e))?;
+        if ident.as_deref() != Some("f") {
+            if keep_replica_identity {
+                tracing::warn!(table = %t, "REPLICA IDENTITY is not FULL (replica_identity = 'keep'): deletes carry the key only and unchanged TOASTed values cannot be filled in");
+            } else {
+                sqlx::query(&format!("ALTER TABLE {} REPLICA IDENTITY FULL", t.quoted()))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| fail(&format!("setting REPLICA IDENTITY FULL on {t}"), e))?;
+                tracing::info!(table = %t, "set REPLICA IDENTITY FULL");
+            }
+        }
+    }
+    let list = tables
+        .iter()
+        .map(PgTable::quoted)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_publication WHERE pubname = $1")
+        .bind(publication)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| fail("reading publications", e))?;
+    if exists.is_none() {
+        sqlx::query(&format!(
+            "CREATE PUBLICATION {} FOR TABLE {list}",
+            quote_ident(publication)
+        ))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| fail(&format!("creating publication {publication}"), e))?;
+        tracing::info!(publication, "created the publication");
+    } else {
+        let held: Vec<(String, String)> = sqlx::query_as(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+        )
+        .bind(publication)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| fail("reading the publication's tables", e))?;
+        let mut held: Vec<PgTable> = held
+            .into_iter()
+            .map(|(schema, name)| PgTable { schema, name })
+            .collect();
+        let mut wanted = tables.to_vec();
+        held.sort_by(|a, b| (&a.schema, &a.name).cmp(&(&b.schema, &b.name)));
+        wanted.sort_by(|a, b| (&a.schema, &a.name).cmp(&(&b.schema, &b.name)));
+        if held != wanted {
+            sqlx::query(&format!(
+                "ALTER PUBLICATION {} SET TABLE {list}",
+                quote_ident(publication)
+            ))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| fail(&format!("updating publication {publication}"), e))?;
+            tracing::info!(
+                publication,
+                "the publication now holds exactly the routed tables"
+            );
+        }
+    }
+    let found: Option<(Option<String>, String)> = sqlx::query_as(
+        "SELECT confirmed_flush_lsn::text, plugin::text FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(|e| fail("reading replication slots", e))?;
+    match found {
+        Some((lsn, plugin)) => {
+            if plugin != "pgoutput" {
+                return Err(SourceError::new(format!(
+                    "replication slot {slot} uses the {plugin} plugin; this source needs pgoutput"
+                )));
+            }
+            Ok(Prepared {
+                slot_lsn: lsn.as_deref().map(parse_lsn).transpose()?.unwrap_or(0),
+                slot_created: false,
+            })
+        }
+        None => {
+            let lsn: String = sqlx::query_scalar(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            )
+            .bind(slot)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| fail(&format!("creating replication slot {slot}"), e))?;
+            tracing::info!(slot, lsn = %lsn, "created the replication slot");
+            Ok(Prepared {
+                slot_lsn: parse_lsn(&lsn)?,
+                slot_created: true,
+            })
+        }
+    }
+}
+
+/// `X/Y` as a number.
+pub fn parse_lsn(text: &str) -> Result<u64, SourceError> {
+    let (hi, lo) = text
+        .split_once('/')
+        .ok_or_else(|| SourceError::new(format!("`{text}` is not an LSN")))?;
+    let hi = u64::from_str_radix(hi, 16)
+        .map_err(|_| SourceError::new(format!("`{text}` is not an LSN")))?;
+    let lo = u64::from_str_radix(lo, 16)
+        .map_err(|_| SourceError::new(format!("`{text}` is not an LSN")))?;
+    Ok((hi << 32) | lo)
+}
+
+/// The server's current WAL position, and a logical message after it that
+/// proves the stream has passed it (`--exit-when-caught-up`).
+pub async fn caught_up_mark(conn: &mut PgConnection, prefix: &str) -> Result<u64, SourceError> {
+    let lsn: String =
+        sqlx::query_scalar("SELECT pg_logical_emit_message(false, $1, 'caught-up')::text")
+            .bind(prefix)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| SourceError::new(format!("writing the caught-up mark: {e}")))?;
+    parse_lsn(&lsn)
+}
+
+/// Closes a session politely.
+pub async fn close(conn: PgConnection) {
+    let _ = conn.close().await;
+}

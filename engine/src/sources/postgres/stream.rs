@@ -1,0 +1,603 @@
+//! The replication stream: a task that prepares the server, starts
+//! `START_REPLICATION` at the resume LSN, decodes pgoutput into per-table
+//! Arrow builders, and hands whole transactions over as change batches.
+//! Acknowledgements travel back through an atomic the task applies to the
+//! client, which sends them in its standby status updates.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use tokio::sync::mpsc;
+use urutau_planner::plan::BeforeImages;
+use urutau_planner::registry::SourceTableSchema;
+
+use super::catalog::{self, PgTable};
+use super::pgoutput::{self, Cell, Message, Relation, Tuple};
+use super::pgtypes::ColumnBuilder;
+use crate::batching::BatchPolicy;
+use crate::change_batch::{ContextBuilder, RowKind};
+use crate::position::Position;
+use crate::sources::{ChangeSource, OpenArgs, SourceBatch, SourceError, TableChanges};
+
+/// The prefix of the logical message that marks "caught up".
+const CAUGHT_UP_PREFIX: &str = "urutau.caught_up";
+/// Microseconds from 1970-01-01 to 2000-01-01 (Postgres' epoch).
+const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+/// A routed table, as the stream needs it.
+struct TableCfg {
+    pg: PgTable,
+    plan_table: Vec<String>,
+    schema: SourceTableSchema,
+    scan_schema: SchemaRef,
+    before_images: BeforeImages,
+}
+
+/// Everything the task needs, owned.
+struct StreamCfg {
+    uri: String,
+    slot: String,
+    publication: String,
+    keep_replica_identity: bool,
+    fail_on_truncate: bool,
+    tables: Vec<TableCfg>,
+    start: Option<u64>,
+    exit_when_caught_up: bool,
+    policy: BatchPolicy,
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+}
+
+/// The running source.
+pub struct PgSource {
+    rx: mpsc::Receiver<Result<SourceBatch, SourceError>>,
+    acked: Arc<AtomicU64>,
+}
+
+/// Starts the stream task.
+pub fn open(args: OpenArgs<'_>) -> Result<PgSource, SourceError> {
+    let opts = &args.plan.spec.options;
+    let slot = opts.get("slot").unwrap_or_default().to_string();
+    let start = match args.start {
+        None => None,
+        Some(Position::Lsn(l)) => Some(l),
+        Some(other) => {
+            return Err(SourceError::new(format!("{other} is not an LSN position")));
+        }
+    };
+    let tables = args
+        .plan
+        .tables
+        .iter()
+        .map(|t| {
+            Ok(TableCfg {
+                pg: PgTable::from_parts(&t.table).map_err(SourceError::new)?,
+                plan_table: t.table.clone(),
+                schema: t.schema.clone(),
+                scan_schema: Arc::clone(&t.scan_schema),
+                before_images: t.before_images.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, SourceError>>()?;
+    let acked = Arc::new(AtomicU64::new(0));
+    let cfg = StreamCfg {
+        uri: opts.get("uri").unwrap_or_default().to_string(),
+        publication: opts
+            .get("publication")
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{slot}_pub")),
+        slot,
+        keep_replica_identity: opts.get("replica_identity") == Some("keep"),
+        fail_on_truncate: opts.get("on_truncate") == Some("fail"),
+        tables,
+        start,
+        exit_when_caught_up: args.exit_when_caught_up,
+        policy: args.policy,
+        stop: Arc::clone(&args.stop),
+        acked: Arc::clone(&acked),
+    };
+    let (tx, rx) = mpsc::channel(2);
+    tokio::spawn(async move {
+        let failed = tx.clone();
+        if let Err(e) = stream(cfg, tx).await {
+            let _ = failed.send(Err(e)).await;
+        }
+    });
+    Ok(PgSource { rx, acked })
+}
+
+#[async_trait]
+impl ChangeSource for PgSource {
+    async fn next_batch(&mut self) -> Result<Option<SourceBatch>, SourceError> {
+        match self.rx.recv().await {
+            Some(Ok(b)) => Ok(Some(b)),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    async fn acknowledge(&mut self, position: &Position) -> Result<(), SourceError> {
+        if let Position::Lsn(l) = position {
+            self.acked.fetch_max(*l, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+/// The replication connection's settings from the source's URI.
+fn replication_config(
+    uri: &str,
+    slot: &str,
+    publication: &str,
+) -> Result<ReplicationConfig, SourceError> {
+    let url = url::Url::parse(uri)
+        .map_err(|e| SourceError::new(format!("the source uri is not a postgres:// URL: {e}")))?;
+    if !matches!(url.scheme(), "postgres" | "postgresql") {
+        return Err(SourceError::new(format!(
+            "the source uri has scheme `{}`; expected postgres://",
+            url.scheme()
+        )));
+    }
+    let user = if url.username().is_empty() {
+        "postgres".to_string()
+    } else {
+        decode(url.username())
+    };
+    let password = url.password().map(decode).unwrap_or_default();
+    let database = url.path().trim_start_matches('/');
+    let database = if database.is_empty() {
+        user.clone()
+    } else {
+        decode(database)
+    };
+    Ok(ReplicationConfig::new(
+        url.host_str().unwrap_or("localhost"),
+        user,
+        password,
+        database,
+        slot,
+        publication,
+    )
+    .with_port(url.port().unwrap_or(5432))
+    // Text output the value parsers expect, whatever the server's defaults.
+    .with_options("-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=1")
+    .with_application_name("urutau"))
+}
+
+fn decode(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={text}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// One routed table's builders.
+struct TableBuilder {
+    columns: Vec<ColumnBuilder>,
+    context: ContextBuilder,
+    cfg: TableCfg,
+    source_table: String,
+}
+
+impl TableBuilder {
+    fn rows(&self) -> usize {
+        self.context.len()
+    }
+
+    fn finish(&mut self) -> Result<RecordBatch, SourceError> {
+        let mut arrays: Vec<ArrayRef> = self.columns.iter_mut().map(|c| c.finish()).collect();
+        let ingest = chrono::Utc::now().timestamp_micros();
+        arrays.extend(self.context.finish(ingest, &self.source_table));
+        RecordBatch::try_new(Arc::clone(&self.cfg.scan_schema), arrays)
+            .map_err(|e| SourceError::new(format!("internal: {} batch: {e}", self.source_table)))
+    }
+}
+
+/// How a relation's columns line up with a routed table's.
+struct Binding {
+    table: usize,
+    /// For each schema column, its position in the relation.
+    positions: Vec<usize>,
+    /// Positions of the columns whose change needs a before image.
+    key_positions: Option<Vec<usize>>,
+    always_before: bool,
+}
+
+fn bind(rel: &Relation, table: usize, cfg: &TableCfg) -> Result<Binding, SourceError> {
+    let position = |name: &str| rel.columns.iter().position(|c| c.name == name);
+    let positions = cfg
+        .schema
+        .columns
+        .iter()
+        .map(|c| {
+            position(&c.name.name).ok_or_else(|| {
+                SourceError::new(format!(
+                    "column {} of {} is not in the replication stream: the table changed since the pipeline was planned; restart it",
+                    c.name.name, cfg.pg
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (key_positions, always_before) = match &cfg.before_images {
+        BeforeImages::Never => (None, false),
+        BeforeImages::Always => (None, true),
+        BeforeImages::OnKeyChange(cols) => (
+            Some(cols.iter().filter_map(|c| position(c)).collect()),
+            false,
+        ),
+    };
+    Ok(Binding {
+        table,
+        positions,
+        key_positions,
+        always_before,
+    })
+}
+
+/// The stream's state between events.
+struct Assembler {
+    builders: Vec<TableBuilder>,
+    relations: HashMap<u32, Option<Binding>>,
+    in_tx: bool,
+    commit_ts: Option<i64>,
+    tx_rows: usize,
+    batch_rows: usize,
+    batch_opened: Option<Instant>,
+    /// The end LSN of the newest closed transaction.
+    closed_end: Option<u64>,
+    /// The end of the last batch handed over.
+    emitted_end: Option<u64>,
+    last_emit: Instant,
+    truncates_ignored: u64,
+    fail_on_truncate: bool,
+}
+
+impl Assembler {
+    fn relation(&mut self, rel: Relation) -> Result<(), SourceError> {
+        let found = self
+            .builders
+            .iter()
+            .position(|b| b.cfg.pg.schema == rel.namespace && b.cfg.pg.name == rel.name);
+        let binding = match found {
+            Some(i) => Some(bind(&rel, i, &self.builders[i].cfg)?),
+            None => None,
+        };
+        self.relations.insert(rel.id, binding);
+        Ok(())
+    }
+
+    fn binding(&self, rel: u32) -> Result<Option<&Binding>, SourceError> {
+        match self.relations.get(&rel) {
+            Some(b) => Ok(b.as_ref()),
+            None => Err(SourceError::new(format!(
+                "a change of relation {rel} arrived before its Relation message"
+            ))),
+        }
+    }
+
+    fn append(
+        &mut self,
+        rel: u32,
+        tuple: &Tuple,
+        old: Option<&Tuple>,
+        kind: RowKind,
+    ) -> Result<(), SourceError> {
+        let Some(binding) = self.binding(rel)? else {
+            return Ok(());
+        };
+        let (table, positions) = (binding.table, binding.positions.clone());
+        let b = &mut self.builders[table];
+        for (i, pos) in positions.iter().enumerate() {
+            let cell = tuple.0.get(*pos);
+            let value: Option<&[u8]> = match cell {
+                None | Some(Cell::Null) => None,
+                Some(Cell::Text(t)) => Some(t),
+                Some(Cell::Unchanged) => match old.and_then(|o| o.0.get(*pos)) {
+                    Some(Cell::Text(t)) => Some(t),
+                    Some(Cell::Null) => None,
+                    _ => {
+                        return Err(SourceError::new(format!(
+                            "{}: column {} is an unchanged TOASTed value and the old row does not carry it: the table needs REPLICA IDENTITY FULL (replica_identity = 'full')",
+                            b.cfg.pg, b.cfg.schema.columns[i].name.name
+                        )));
+                    }
+                },
+                Some(Cell::Binary(_)) => {
+                    return Err(SourceError::new(format!(
+                        "{}: column {} arrived in binary format, which this source does not request",
+                        b.cfg.pg, b.cfg.schema.columns[i].name.name
+                    )));
+                }
+            };
+            b.columns[i].append(value).map_err(|e| {
+                SourceError::new(format!(
+                    "{}: column {}: {e}",
+                    b.cfg.pg, b.cfg.schema.columns[i].name.name
+                ))
+            })?;
+        }
+        b.context.append(kind, self.commit_ts, false);
+        self.tx_rows += 1;
+        if self.batch_opened.is_none() {
+            self.batch_opened = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Whether an update's old row must be emitted as a before image.
+    fn wants_before(
+        &self,
+        rel: u32,
+        old: Option<&Tuple>,
+        new: &Tuple,
+    ) -> Result<bool, SourceError> {
+        let (Some(binding), Some(old)) = (self.binding(rel)?, old) else {
+            return Ok(false);
+        };
+        if binding.always_before {
+            return Ok(true);
+        }
+        Ok(match &binding.key_positions {
+            None => false,
+            Some(keys) => keys.iter().any(|p| match (old.0.get(*p), new.0.get(*p)) {
+                (_, Some(Cell::Unchanged)) => false,
+                (a, b) => a != b,
+            }),
+        })
+    }
+
+    fn change(&mut self, message: Message) -> Result<(), SourceError> {
+        match message {
+            Message::Relation(rel) => self.relation(rel)?,
+            Message::Insert { relation, new } => {
+                self.append(relation, &new, None, RowKind::Insert)?
+            }
+            Message::Update {
+                relation, old, new, ..
+            } => {
+                if self.wants_before(relation, old.as_ref(), &new)? {
+                    let old_row = old.as_ref().expect("checked");
+                    self.append(relation, old_row, None, RowKind::UpdateBefore)?;
+                }
+                self.append(relation, &new, old.as_ref(), RowKind::Update)?;
+            }
+            Message::Delete { relation, old, .. } => {
+                self.append(relation, &old, None, RowKind::Delete)?
+            }
+            Message::Truncate { relations, .. } => {
+                let routed: Vec<String> = relations
+                    .iter()
+                    .filter_map(|r| self.relations.get(r).and_then(|b| b.as_ref()))
+                    .map(|b| self.builders[b.table].cfg.pg.to_string())
+                    .collect();
+                if !routed.is_empty() {
+                    if self.fail_on_truncate {
+                        return Err(SourceError::new(format!(
+                            "TRUNCATE of {} (on_truncate = 'fail')",
+                            routed.join(", ")
+                        )));
+                    }
+                    self.truncates_ignored += 1;
+                    tracing::warn!(tables = %routed.join(", "), ignored = self.truncates_ignored, "TRUNCATE ignored (on_truncate = 'ignore'): the sink keeps the rows");
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, end_lsn: u64) {
+        let text = Position::Lsn(end_lsn).to_string();
+        for b in &mut self.builders {
+            if b.context.open_rows() > 0 {
+                b.context.close_transaction(&text);
+            }
+        }
+        self.batch_rows += self.tx_rows;
+        self.tx_rows = 0;
+        self.in_tx = false;
+        self.closed_end = Some(end_lsn);
+    }
+
+    /// The closed transactions as one batch (`None`: nothing new).
+    fn take_batch(&mut self) -> Result<Option<SourceBatch>, SourceError> {
+        let Some(end) = self.closed_end else {
+            return Ok(None);
+        };
+        if self.batch_rows == 0 && self.emitted_end == Some(end) {
+            return Ok(None);
+        }
+        let mut tables = Vec::new();
+        for b in &mut self.builders {
+            if b.rows() > 0 {
+                tables.push(TableChanges {
+                    table: b.cfg.plan_table.clone(),
+                    batch: b.finish()?,
+                });
+            }
+        }
+        self.batch_rows = 0;
+        self.batch_opened = None;
+        self.emitted_end = Some(end);
+        self.last_emit = Instant::now();
+        Ok(Some(SourceBatch {
+            tables,
+            end: Position::Lsn(end),
+        }))
+    }
+}
+
+async fn stream(
+    cfg: StreamCfg,
+    tx: mpsc::Sender<Result<SourceBatch, SourceError>>,
+) -> Result<(), SourceError> {
+    let mut conn = catalog::connect(&cfg.uri).await.map_err(SourceError::new)?;
+    let pg_tables: Vec<PgTable> = cfg.tables.iter().map(|t| t.pg.clone()).collect();
+    let prepared = catalog::prepare(
+        &mut conn,
+        &pg_tables,
+        &cfg.slot,
+        &cfg.publication,
+        cfg.keep_replica_identity,
+    )
+    .await?;
+    let start = match cfg.start {
+        Some(p) if prepared.slot_created => {
+            return Err(SourceError::new(format!(
+                "replication slot {} did not exist and was created now, at {}, but the sink holds position {}: the changes in between are gone; drop the slot and the tables to start over",
+                cfg.slot,
+                Position::Lsn(prepared.slot_lsn),
+                Position::Lsn(p)
+            )));
+        }
+        Some(p) => {
+            if p < prepared.slot_lsn {
+                tracing::warn!(slot = %cfg.slot, committed = %Position::Lsn(p), confirmed = %Position::Lsn(prepared.slot_lsn),
+                    "the slot was acknowledged past the sink's oldest committed position; the server streams from the slot's position");
+            }
+            p
+        }
+        None => prepared.slot_lsn,
+    };
+    let mark = if cfg.exit_when_caught_up {
+        Some(catalog::caught_up_mark(&mut conn, CAUGHT_UP_PREFIX).await?)
+    } else {
+        None
+    };
+    catalog::close(conn).await;
+
+    let rcfg = replication_config(&cfg.uri, &cfg.slot, &cfg.publication)?
+        .with_start_lsn(Lsn(start))
+        .with_status_interval(Duration::from_secs(1));
+    let mut client = ReplicationClient::connect(rcfg).await.map_err(|e| {
+        SourceError::new(format!(
+            "starting replication from slot {}: {}",
+            cfg.slot,
+            urutau_planner::options::redact_text(&e.to_string())
+        ))
+    })?;
+    tracing::info!(slot = %cfg.slot, start = %Position::Lsn(start), "streaming");
+
+    let builders = cfg
+        .tables
+        .into_iter()
+        .map(|t| {
+            let columns = t
+                .schema
+                .columns
+                .iter()
+                .map(|c| {
+                    ColumnBuilder::new(&c.ty).map_err(|e| {
+                        SourceError::new(format!("{}: column {}: {e}", t.pg, c.name.name))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(TableBuilder {
+                columns,
+                context: ContextBuilder::new(),
+                source_table: t.plan_table.join("."),
+                cfg: t,
+            })
+        })
+        .collect::<Result<Vec<_>, SourceError>>()?;
+    let mut a = Assembler {
+        builders,
+        relations: HashMap::new(),
+        in_tx: false,
+        commit_ts: None,
+        tx_rows: 0,
+        batch_rows: 0,
+        batch_opened: None,
+        closed_end: None,
+        emitted_end: cfg.start,
+        last_emit: Instant::now(),
+        truncates_ignored: 0,
+        fail_on_truncate: cfg.fail_on_truncate,
+    };
+    let policy = cfg.policy;
+    let mut acked_sent = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut caught_up = false;
+    loop {
+        let event = tokio::select! {
+            ev = client.recv() => Some(ev),
+            _ = tick.tick() => None,
+        };
+        let acked = cfg.acked.load(Ordering::SeqCst);
+        if acked > acked_sent {
+            client.update_applied_lsn(Lsn(acked));
+            acked_sent = acked;
+        }
+        if cfg.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        match event {
+            None => {}
+            Some(Err(e)) => {
+                return Err(SourceError::new(format!(
+                    "replication from slot {}: {}",
+                    cfg.slot,
+                    urutau_planner::options::redact_text(&e.to_string())
+                )));
+            }
+            Some(Ok(None)) => break,
+            Some(Ok(Some(ev))) => match ev {
+                ReplicationEvent::Begin {
+                    commit_time_micros, ..
+                } => {
+                    a.in_tx = true;
+                    a.commit_ts = Some(commit_time_micros + PG_EPOCH_MICROS);
+                }
+                ReplicationEvent::XLogData { data, .. } => {
+                    let m = pgoutput::decode(&data).map_err(|e| SourceError::new(e.to_string()))?;
+                    a.change(m)?;
+                }
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    a.commit(end_lsn.0);
+                    if mark.is_some_and(|m| end_lsn.0 >= m) {
+                        caught_up = true;
+                    }
+                }
+                ReplicationEvent::Message { prefix, lsn, .. } => {
+                    if prefix == CAUGHT_UP_PREFIX && mark.is_some_and(|m| lsn.0 >= m) && !a.in_tx {
+                        caught_up = true;
+                    }
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } => {
+                    if mark.is_some_and(|m| wal_end.0 >= m) && !a.in_tx {
+                        caught_up = true;
+                    }
+                }
+                ReplicationEvent::StoppedAt { .. } => break,
+            },
+        }
+        if a.in_tx {
+            continue;
+        }
+        let due = policy.should_close(a.batch_rows, a.batch_opened)
+            || (a.batch_rows == 0 && a.last_emit.elapsed() >= policy.max_interval);
+        if (due || caught_up)
+            && let Some(batch) = a.take_batch()?
+            && tx.send(Ok(batch)).await.is_err()
+        {
+            break;
+        }
+        if caught_up {
+            break;
+        }
+    }
+    if !a.in_tx
+        && let Some(batch) = a.take_batch()?
+    {
+        let _ = tx.send(Ok(batch)).await;
+    }
+    let _ = client.shutdown().await;
+    Ok(())
+}
