@@ -117,12 +117,21 @@ pub async fn plan(file: &Path, explain: bool, format: ExplainFormat) -> u8 {
 }
 
 /// `urutau run FILE`.
-pub async fn run(file: &Path, exit_when_caught_up: bool) -> u8 {
+pub async fn run(file: &Path, exit_when_caught_up: bool, metrics_addr: Option<&str>) -> u8 {
     let registry = registry();
     let (loaded, plan) = match load_and_plan(file, &registry).await {
         Ok(p) => p,
         Err(code) => return code,
     };
+    if let Some(addr) = metrics_addr {
+        match urutau_engine::status_server::serve(addr).await {
+            Ok(bound) => tracing::info!(addr = %bound, "serving /metrics, /statusz and /healthz"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return FAILED;
+            }
+        }
+    }
     let secrets = secrets(&loaded);
     let shutdown = urutau_engine::Shutdown::new();
     shutdown.listen_for_signals();

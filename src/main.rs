@@ -31,6 +31,10 @@ enum Command {
         /// Exit once everything the sources held at start is committed.
         #[arg(long)]
         exit_when_caught_up: bool,
+        /// Serve /metrics (Prometheus), /statusz (JSON) and /healthz on
+        /// this address (e.g. 127.0.0.1:9187).
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<String>,
     },
     /// Show what a pipeline means: its tables, or with --explain the
     /// DataFusion plans of every route.
@@ -110,7 +114,8 @@ fn main() -> ExitCode {
             Command::Run {
                 file,
                 exit_when_caught_up,
-            } => commands::run(&file, exit_when_caught_up).await,
+                metrics_addr,
+            } => commands::run(&file, exit_when_caught_up, metrics_addr.as_deref()).await,
             Command::Plan {
                 file,
                 explain,

@@ -301,13 +301,51 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
     let mut rng = StdRng::seed_from_u64(5);
     let mut kills = 0;
     while kills < 5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
         let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
-            .args(["run", p.to_str().unwrap(), "--log-level", "warn"])
+            .args([
+                "run",
+                p.to_str().unwrap(),
+                "--log-level",
+                "warn",
+                "--metrics-addr",
+                &addr,
+            ])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
         tokio::time::sleep(Duration::from_millis(rng.random_range(400..2500))).await;
+        if kills == 0 {
+            // A long-running service reports itself while it runs.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let get = |path: &str| {
+                let url = format!("http://{addr}{path}");
+                async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+            };
+            assert_eq!(get("/healthz").await, "ok\n");
+            let metrics = get("/metrics").await;
+            for needle in [
+                "urutau_rows_written_total{table=\"lake.items\",op=\"upsert\"}",
+                "urutau_commit_duration_seconds_count{table=\"lake.events\"}",
+                "urutau_replication_lag_bytes{source=\"src\"}",
+                "urutau_replication_lag_seconds{source=\"src\"}",
+            ] {
+                assert!(metrics.contains(needle), "{needle} in\n{metrics}");
+            }
+            let status: Value = serde_json::from_str(&get("/statusz").await).unwrap();
+            assert_eq!(status["pipeline"], "pg");
+            assert_eq!(status["tables"]["lake.items"]["phase"], "stream");
+            assert!(
+                status["tables"]["lake.items"]["commits"].as_u64().unwrap() > 0,
+                "{status}"
+            );
+        }
         assert!(
             child.try_wait().unwrap().is_none(),
             "the pipeline stopped on its own"

@@ -3,10 +3,12 @@
 
 pub mod batching;
 pub mod change_batch;
+pub mod metrics;
 pub mod position;
 pub mod runner;
 pub mod shutdown;
 pub mod sources;
+pub mod status_server;
 
 pub use runner::{RouteReport, RunError, RunOptions, RunReport, run};
 pub use shutdown::Shutdown;

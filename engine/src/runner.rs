@@ -79,6 +79,7 @@ pub async fn run(
     options: RunOptions,
     shutdown: Shutdown,
 ) -> Result<RunReport, RunError> {
+    crate::metrics::global().set_pipeline(&plan.name);
     // Resume points, read from the sinks.
     let mut resume: Vec<Option<Position>> = Vec::with_capacity(plan.routes.len());
     for route in &plan.routes {
@@ -116,6 +117,11 @@ pub async fn run(
             route = %route.name,
             position = %parsed.as_ref().map_or("(none: from the beginning)".to_string(), |p| p.to_string()),
             "resuming"
+        );
+        crate::metrics::global().table_started(
+            &route.name,
+            "stream",
+            parsed.as_ref().map(|p| p.to_string()),
         );
         resume.push(parsed);
     }
@@ -503,7 +509,10 @@ async fn drive_route(
         message: e.strip_backtrace(),
     })?;
     while let Some(item) = stream.next().await {
-        let stats = item.map_err(|e| commit_error(&name, e))?;
+        let stats = item.map_err(|e| {
+            crate::metrics::global().commit_failed(&name);
+            commit_error(&name, e)
+        })?;
         for row in 0..stats.num_rows() {
             let position = stats.column(1).as_string::<i32>().value(row).to_string();
             report.commits += 1;
@@ -516,6 +525,23 @@ async fn drive_route(
                 .as_primitive::<arrow::datatypes::UInt64Type>()
                 .value(row);
             tracing::debug!(route = %name, position = %position, "committed");
+            crate::metrics::global().committed(
+                &name,
+                &position,
+                stats
+                    .column(2)
+                    .as_primitive::<arrow::datatypes::UInt64Type>()
+                    .value(row),
+                stats
+                    .column(3)
+                    .as_primitive::<arrow::datatypes::UInt64Type>()
+                    .value(row),
+                stats
+                    .column(4)
+                    .as_primitive::<arrow::datatypes::UInt64Type>()
+                    .value(row) as f64
+                    / 1e6,
+            );
             let _ = progress.send((index, position.clone()));
             report.position = Some(position);
         }

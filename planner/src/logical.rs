@@ -166,6 +166,7 @@ pub fn commit_stats_schema() -> Schema {
         Field::new("position", DataType::Utf8, false),
         Field::new("rows", DataType::UInt64, false),
         Field::new("deletes", DataType::UInt64, false),
+        Field::new("commit_micros", DataType::UInt64, false),
     ])
 }
 

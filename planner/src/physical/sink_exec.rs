@@ -192,6 +192,7 @@ impl ExecutionPlan for SinkExec {
                 };
                 let sink_batch = to_sink_batch(&batch, &target_schema, target.mode, skip_deletes)?;
                 let table = target.display_name();
+                let started = std::time::Instant::now();
                 sink.commit(&target, &sink_batch, &position)
                     .await
                     .map_err(|cause| {
@@ -210,6 +211,9 @@ impl ExecutionPlan for SinkExec {
                         Arc::new(StringArray::from(vec![position])),
                         Arc::new(UInt64Array::from(vec![rows])),
                         Arc::new(UInt64Array::from(vec![deletes])),
+                        Arc::new(UInt64Array::from(
+                            vec![started.elapsed().as_micros() as u64],
+                        )),
                     ],
                 )?)
             }

@@ -42,6 +42,7 @@ struct TableCfg {
 
 /// Everything the task needs, owned.
 struct StreamCfg {
+    source_name: String,
     uri: String,
     slot: String,
     publication: String,
@@ -88,6 +89,7 @@ pub fn open(args: OpenArgs<'_>) -> Result<PgSource, SourceError> {
         .collect::<Result<Vec<_>, SourceError>>()?;
     let acked = Arc::new(AtomicU64::new(0));
     let cfg = StreamCfg {
+        source_name: args.plan.spec.name.name.clone(),
         uri: opts.get("uri").unwrap_or_default().to_string(),
         publication: opts
             .get("publication")
@@ -257,6 +259,11 @@ struct Assembler {
     last_emit: Instant,
     truncates_ignored: u64,
     fail_on_truncate: bool,
+    source_name: String,
+    /// Closed transactions not yet acknowledged: (end LSN, commit time).
+    unacked: std::collections::VecDeque<(u64, i64)>,
+    /// The newest WAL position the server reported.
+    received: u64,
 }
 
 impl Assembler {
@@ -385,6 +392,7 @@ impl Assembler {
                         )));
                     }
                     self.truncates_ignored += 1;
+                    crate::metrics::global().truncate_ignored(&self.source_name);
                     tracing::warn!(tables = %routed.join(", "), ignored = self.truncates_ignored, "TRUNCATE ignored (on_truncate = 'ignore'): the sink keeps the rows");
                 }
             }
@@ -404,6 +412,26 @@ impl Assembler {
         self.tx_rows = 0;
         self.in_tx = false;
         self.closed_end = Some(end_lsn);
+        self.received = self.received.max(end_lsn);
+        if let Some(ts) = self.commit_ts {
+            self.unacked.push_back((end_lsn, ts));
+        }
+    }
+
+    /// Publishes the lag after an acknowledgement up to `acked`.
+    fn report_lag(&mut self, acked: u64) {
+        while self.unacked.front().is_some_and(|(l, _)| *l <= acked) {
+            self.unacked.pop_front();
+        }
+        let seconds = match self.unacked.front() {
+            Some((_, ts)) => (chrono::Utc::now().timestamp_micros() - ts).max(0) as f64 / 1e6,
+            None => 0.0,
+        };
+        crate::metrics::global().source_lag(
+            &self.source_name,
+            Some(self.received.saturating_sub(acked)),
+            Some(seconds),
+        );
     }
 
     /// The closed transactions as one batch (`None`: nothing new).
@@ -520,6 +548,9 @@ async fn stream(
         last_emit: Instant::now(),
         truncates_ignored: 0,
         fail_on_truncate: cfg.fail_on_truncate,
+        source_name: cfg.source_name.clone(),
+        unacked: Default::default(),
+        received: start,
     };
     let policy = cfg.policy;
     let mut acked_sent = 0u64;
@@ -534,6 +565,9 @@ async fn stream(
         if acked > acked_sent {
             client.update_applied_lsn(Lsn(acked));
             acked_sent = acked;
+        }
+        if event.is_none() {
+            a.report_lag(acked_sent.max(start));
         }
         if cfg.stop.load(Ordering::Relaxed) {
             break;
@@ -571,6 +605,7 @@ async fn stream(
                     }
                 }
                 ReplicationEvent::KeepAlive { wal_end, .. } => {
+                    a.received = a.received.max(wal_end.0);
                     if mark.is_some_and(|m| wal_end.0 >= m) && !a.in_tx {
                         caught_up = true;
                     }

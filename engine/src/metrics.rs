@@ -1,0 +1,333 @@
+//! What a long-running pipeline reports about itself: counters and gauges
+//! the runner and sources update, rendered as Prometheus text (`/metrics`)
+//! and as JSON status (`/statusz`) by [`crate::status_server`].
+//!
+//! One registry per process ([`global`]), as Prometheus clients keep it:
+//! a process runs one pipeline.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// One table's (route's) figures.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TableStatus {
+    /// `snapshot` or `stream`.
+    pub phase: String,
+    /// The position committed last (or found at start).
+    pub position: Option<String>,
+    pub commits: u64,
+    /// Rows written that replace or add a key's image.
+    pub upserts: u64,
+    /// Rows written as deletes (tombstones, equality deletes, delete rows).
+    pub deletes: u64,
+    pub commit_failures: u64,
+    /// Unix seconds of the last commit.
+    pub last_commit_unix: Option<f64>,
+    #[serde(skip)]
+    commit_seconds_sum: f64,
+}
+
+/// One source's figures.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SourceStatus {
+    /// Bytes of WAL (or the source's unit) received but not yet
+    /// acknowledged by every route.
+    pub lag_bytes: Option<u64>,
+    /// Seconds between the newest acknowledged change's commit and now.
+    pub lag_seconds: Option<f64>,
+    /// TRUNCATEs of routed tables that were ignored (`on_truncate`).
+    pub truncates_ignored: u64,
+}
+
+/// The registry.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    pipeline: String,
+    tables: BTreeMap<String, TableStatus>,
+    sources: BTreeMap<String, SourceStatus>,
+}
+
+/// The process's registry.
+pub fn global() -> &'static Metrics {
+    static GLOBAL: OnceLock<Metrics> = OnceLock::new();
+    GLOBAL.get_or_init(Metrics::default)
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Writes one metric family.
+fn section(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = String>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for r in rows {
+        let _ = writeln!(out, "{r}");
+    }
+}
+
+/// Prometheus label value escaping.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The pipeline's name.
+    pub fn set_pipeline(&self, name: &str) {
+        self.lock().pipeline = name.to_string();
+    }
+
+    /// A route starts (at `position`, in `phase`).
+    pub fn table_started(&self, table: &str, phase: &str, position: Option<String>) {
+        let mut g = self.lock();
+        let t = g.tables.entry(table.to_string()).or_default();
+        t.phase = phase.to_string();
+        t.position = position;
+    }
+
+    /// A commit landed.
+    pub fn committed(&self, table: &str, position: &str, rows: u64, deletes: u64, seconds: f64) {
+        let mut g = self.lock();
+        let t = g.tables.entry(table.to_string()).or_default();
+        t.commits += 1;
+        t.upserts += rows.saturating_sub(deletes);
+        t.deletes += deletes;
+        t.position = Some(position.to_string());
+        t.last_commit_unix = Some(now_unix());
+        t.commit_seconds_sum += seconds;
+    }
+
+    /// A commit failed.
+    pub fn commit_failed(&self, table: &str) {
+        self.lock()
+            .tables
+            .entry(table.to_string())
+            .or_default()
+            .commit_failures += 1;
+    }
+
+    /// A source's lag.
+    pub fn source_lag(&self, source: &str, bytes: Option<u64>, seconds: Option<f64>) {
+        let mut g = self.lock();
+        let s = g.sources.entry(source.to_string()).or_default();
+        if bytes.is_some() {
+            s.lag_bytes = bytes;
+        }
+        if seconds.is_some() {
+            s.lag_seconds = seconds;
+        }
+    }
+
+    /// A TRUNCATE was ignored.
+    pub fn truncate_ignored(&self, source: &str) {
+        self.lock()
+            .sources
+            .entry(source.to_string())
+            .or_default()
+            .truncates_ignored += 1;
+    }
+
+    /// `/statusz`: the pipeline, its tables and sources.
+    pub fn status_json(&self) -> serde_json::Value {
+        let g = self.lock();
+        serde_json::json!({
+            "pipeline": g.pipeline,
+            "tables": g.tables,
+            "sources": g.sources,
+        })
+    }
+
+    /// `/metrics`: Prometheus text exposition.
+    pub fn prometheus(&self) -> String {
+        let g = self.lock();
+        let mut out = String::new();
+        section(
+            &mut out,
+            "urutau_rows_written_total",
+            "counter",
+            "Rows committed to the sink, by table and op.",
+            g.tables.iter().flat_map(|(t, s)| {
+                let t = label(t);
+                [
+                    format!(
+                        "urutau_rows_written_total{{table=\"{t}\",op=\"upsert\"}} {}",
+                        s.upserts
+                    ),
+                    format!(
+                        "urutau_rows_written_total{{table=\"{t}\",op=\"delete\"}} {}",
+                        s.deletes
+                    ),
+                ]
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_commits_total",
+            "counter",
+            "Commits per table.",
+            g.tables.iter().map(|(t, s)| {
+                format!(
+                    "urutau_commits_total{{table=\"{}\"}} {}",
+                    label(t),
+                    s.commits
+                )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_commit_duration_seconds",
+            "summary",
+            "Time spent committing batches, per table.",
+            g.tables.iter().flat_map(|(t, s)| {
+                let t = label(t);
+                [
+                    format!(
+                        "urutau_commit_duration_seconds_sum{{table=\"{t}\"}} {}",
+                        s.commit_seconds_sum
+                    ),
+                    format!(
+                        "urutau_commit_duration_seconds_count{{table=\"{t}\"}} {}",
+                        s.commits
+                    ),
+                ]
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_commit_failures_total",
+            "counter",
+            "Commits that failed, per table.",
+            g.tables.iter().map(|(t, s)| {
+                format!(
+                    "urutau_commit_failures_total{{table=\"{}\"}} {}",
+                    label(t),
+                    s.commit_failures
+                )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_last_commit_timestamp_seconds",
+            "gauge",
+            "Unix time of each table's last commit.",
+            g.tables.iter().filter_map(|(t, s)| {
+                s.last_commit_unix.map(|u| {
+                    format!(
+                        "urutau_last_commit_timestamp_seconds{{table=\"{}\"}} {u}",
+                        label(t)
+                    )
+                })
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_table_phase",
+            "gauge",
+            "1 for each table's current phase (snapshot or stream).",
+            g.tables.iter().map(|(t, s)| {
+                format!(
+                    "urutau_table_phase{{table=\"{}\",phase=\"{}\"}} 1",
+                    label(t),
+                    label(&s.phase)
+                )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_replication_lag_bytes",
+            "gauge",
+            "Bytes received from a source and not yet committed by every route.",
+            g.sources.iter().filter_map(|(n, s)| {
+                s.lag_bytes.map(|b| {
+                    format!(
+                        "urutau_replication_lag_bytes{{source=\"{}\"}} {b}",
+                        label(n)
+                    )
+                })
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_replication_lag_seconds",
+            "gauge",
+            "Seconds between the newest committed change's source commit and now.",
+            g.sources.iter().filter_map(|(n, s)| {
+                s.lag_seconds.map(|b| {
+                    format!(
+                        "urutau_replication_lag_seconds{{source=\"{}\"}} {b}",
+                        label(n)
+                    )
+                })
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_truncates_ignored_total",
+            "counter",
+            "TRUNCATEs of routed tables ignored (on_truncate = 'ignore').",
+            g.sources.iter().map(|(n, s)| {
+                format!(
+                    "urutau_truncates_ignored_total{{source=\"{}\"}} {}",
+                    label(n),
+                    s.truncates_ignored
+                )
+            }),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_as_prometheus_text_and_json() {
+        let m = Metrics::default();
+        m.set_pipeline("p");
+        m.table_started("lake.orders", "stream", None);
+        m.committed("lake.orders", "0/16B3748", 10, 3, 0.5);
+        m.commit_failed("lake.orders");
+        m.source_lag("pg", Some(120), Some(1.5));
+        m.truncate_ignored("pg");
+        let text = m.prometheus();
+        for line in [
+            "urutau_rows_written_total{table=\"lake.orders\",op=\"upsert\"} 7",
+            "urutau_rows_written_total{table=\"lake.orders\",op=\"delete\"} 3",
+            "urutau_commit_duration_seconds_sum{table=\"lake.orders\"} 0.5",
+            "urutau_commit_duration_seconds_count{table=\"lake.orders\"} 1",
+            "urutau_commit_failures_total{table=\"lake.orders\"} 1",
+            "urutau_replication_lag_bytes{source=\"pg\"} 120",
+            "urutau_replication_lag_seconds{source=\"pg\"} 1.5",
+            "urutau_truncates_ignored_total{source=\"pg\"} 1",
+            "urutau_table_phase{table=\"lake.orders\",phase=\"stream\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        let j = m.status_json();
+        assert_eq!(j["tables"]["lake.orders"]["position"], "0/16B3748");
+        assert_eq!(j["tables"]["lake.orders"]["upserts"], 7);
+        assert_eq!(j["sources"]["pg"]["lag_bytes"], 120);
+    }
+}
