@@ -283,6 +283,37 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
     let db = pool(&pg).await;
     db.execute(SCHEMA).await.unwrap();
     let p = pipeline(dir.path(), &pg);
+    // The Go engine's YAML means the same pipeline (`kind: postgres`,
+    // `slotName`): identical plans, schemas read from the catalog.
+    let yaml = dir.path().join("p.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "pipeline: pg\nbatching: {{maxRows: 200, maxInterval: 200ms}}\nsource:\n  name: src\n  kind: postgres\n  uri: {uri}\n  slotName: urutau_test\n  snapshot: none\nsink:\n  name: lake\n  type: iceberg+sql\n  uri: sqlite://{d}/catalog.db\n  warehouse: {d}/wh\n  namespace: pg\ntables:\n  - source: public.items\n    target: items\n    primaryKey: [id]\n  - source: events\n    target: events\n    primaryKey: [id]\n",
+            uri = pg.uri(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let sql_plan = urutau(&["plan", "--explain", p.to_str().unwrap()]);
+    let yaml_plan = urutau(&["plan", "--explain", yaml.to_str().unwrap()]);
+    assert!(
+        sql_plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sql_plan.stderr)
+    );
+    assert!(
+        yaml_plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&yaml_plan.stderr)
+    );
+    let explain = String::from_utf8_lossy(&sql_plan.stdout).to_string();
+    assert_eq!(explain, String::from_utf8_lossy(&yaml_plan.stdout));
+    assert!(explain.contains("PostgresSourceExec"), "{explain}");
+    assert!(
+        !explain.contains("postgres://"),
+        "the uri is a secret: {explain}"
+    );
     // First run: sets REPLICA IDENTITY, the publication and the slot.
     run_to_end(&p);
     let identity: String =
