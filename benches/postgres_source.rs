@@ -1,0 +1,211 @@
+//! The Postgres source end to end: 1M updates in 10k-row transactions,
+//! streamed from a real PostgreSQL (tests/harness/postgres.py) through the
+//! pipeline into Iceberg (SQLite catalog, local warehouse), against the
+//! ceiling `pg_recvlogical` reaches streaming the same WAL (pgoutput, the
+//! same publication) to /dev/null. Prints changes/s, the ratio and peak
+//! memory of this process.
+//!
+//! `cargo bench --bench postgres_source`; `POSTGRES_BENCH_UPDATES=200000`
+//! changes the size. Under `cargo test` it runs a small smoke test (and
+//! fails in CI when no PostgreSQL server package is installed).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use sqlx::Executor;
+use support::{peak_rss_mib, registry};
+use urutau_engine::{RunOptions, Shutdown};
+use urutau_planner::plan::plan_pipeline;
+
+/// A server for the bench, stopped when dropped.
+struct Server {
+    dir: PathBuf,
+    uri: String,
+}
+
+fn harness() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/postgres.py")
+}
+
+impl Server {
+    fn start(dir: &Path) -> Option<Server> {
+        let out = Command::new("python3")
+            .arg(harness())
+            .args(["start", "--dir"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr).to_string();
+            if std::env::var_os("CI").is_some() {
+                panic!("PostgreSQL did not start: {why}");
+            }
+            println!("postgres_source: SKIPPED: PostgreSQL did not start: {why}");
+            return None;
+        }
+        let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        Some(Server {
+            dir: dir.to_path_buf(),
+            uri: info["uri"].as_str().unwrap().to_string(),
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("python3")
+            .arg(harness())
+            .args(["stop", "--dir"])
+            .arg(&self.dir)
+            .output();
+    }
+}
+
+fn pg_bin(name: &str) -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin").join(name))
+                .filter(|p| p.exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().unwrap_or_else(|| PathBuf::from(name))
+}
+
+async fn run_pipeline(text: &str) -> urutau_engine::RunReport {
+    let spec = urutau_sql::parse_pipeline_sql(text, "bench", &|_| None).unwrap();
+    let plan = plan_pipeline(spec, &registry()).await.unwrap();
+    urutau_engine::run(
+        &plan,
+        RunOptions {
+            exit_when_caught_up: true,
+        },
+        Shutdown::new(),
+    )
+    .await
+    .unwrap()
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("postgres_source: benchmark");
+        return;
+    }
+    let full = std::env::args().any(|a| a == "--bench");
+    let updates: usize = std::env::var("POSTGRES_BENCH_UPDATES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full { 1_000_000 } else { 20_000 });
+    let tx_rows = 10_000.min(updates);
+    let rows = 100_000.min(updates);
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let text = format!(
+        "CREATE PIPELINE bench WITH (max_batch_rows = 10000);
+         CREATE SOURCE pg FROM postgres WITH (uri = '{uri}', slot = 'bench', snapshot = 'none');
+         CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/warehouse', namespace = 'b');
+         CREATE TABLE lake.t WITH (primary_key = 'id') AS SELECT * FROM pg.t;",
+        uri = server.uri,
+        d = dir.path().display()
+    );
+    let end_lsn: String = runtime.block_on(async {
+        let db = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&server.uri)
+            .await
+            .unwrap();
+        db.execute(
+            "CREATE TABLE t (id int PRIMARY KEY, v bigint NOT NULL, amount numeric(12,2), note text)",
+        )
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO t SELECT g, 0, g / 100.0, 'row ' || g FROM generate_series(1, $1) g",
+        )
+        .bind(rows as i32)
+        .execute(&db)
+        .await
+        .unwrap();
+        // The pipeline's slot and publication (first run), then the
+        // ceiling's slot on the same publication.
+        run_pipeline(&text).await;
+        db.execute("SELECT pg_create_logical_replication_slot('ceiling', 'pgoutput')")
+            .await
+            .unwrap();
+        let mut done = 0;
+        let mut lo = 0;
+        while done < updates {
+            let n = tx_rows.min(updates - done);
+            sqlx::query("UPDATE t SET v = v + 1, amount = amount + 1 WHERE id > $1 AND id <= $2")
+                .bind(lo as i32)
+                .bind((lo + n) as i32)
+                .execute(&db)
+                .await
+                .unwrap();
+            done += n;
+            lo = (lo + n) % rows;
+        }
+        sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&db)
+            .await
+            .unwrap()
+    });
+    println!("postgres_source: {updates} updates in {tx_rows}-row transactions, WAL end {end_lsn}");
+
+    // The ceiling: pg_recvlogical streaming the same changes to /dev/null.
+    let started = Instant::now();
+    let out = Command::new(pg_bin("pg_recvlogical"))
+        .args([
+            "-d",
+            &server.uri,
+            "-S",
+            "ceiling",
+            "--start",
+            "--no-loop",
+            "-f",
+            "/dev/null",
+        ])
+        .args([
+            "-o",
+            "proto_version=1",
+            "-o",
+            "publication_names=bench_pub",
+            "-E",
+            &end_lsn,
+        ])
+        .output()
+        .unwrap();
+    let ceiling_secs = started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "pg_recvlogical: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ceiling = updates as f64 / ceiling_secs;
+
+    let rss_before = peak_rss_mib();
+    let started = Instant::now();
+    let report = runtime.block_on(run_pipeline(&text));
+    let secs = started.elapsed().as_secs_f64();
+    let rate = updates as f64 / secs;
+    let route = &report.routes[0];
+    assert_eq!(route.rows, updates as u64, "every update reached the table");
+    println!(
+        "postgres_source: {secs:.2} s, {rate:.0} changes/s, {} commits; pg_recvlogical ceiling {ceiling:.0} changes/s ({ceiling_secs:.2} s); \
+         ratio {:.2}; peak RSS {:.0} MiB (before the run: {rss_before:.0} MiB)",
+        route.commits,
+        rate / ceiling,
+        peak_rss_mib()
+    );
+}
