@@ -515,32 +515,23 @@ async fn drive_route(
         })?;
         for row in 0..stats.num_rows() {
             let position = stats.column(1).as_string::<i32>().value(row).to_string();
+            let figure = |c: usize| {
+                stats
+                    .column(c)
+                    .as_primitive::<arrow::datatypes::UInt64Type>()
+                    .value(row)
+            };
+            let (rows, deletes, micros) = (figure(2), figure(3), figure(4));
             report.commits += 1;
-            report.rows += stats
-                .column(2)
-                .as_primitive::<arrow::datatypes::UInt64Type>()
-                .value(row);
-            report.deletes += stats
-                .column(3)
-                .as_primitive::<arrow::datatypes::UInt64Type>()
-                .value(row);
+            report.rows += rows;
+            report.deletes += deletes;
             tracing::debug!(route = %name, position = %position, "committed");
             crate::metrics::global().committed(
                 &name,
                 &position,
-                stats
-                    .column(2)
-                    .as_primitive::<arrow::datatypes::UInt64Type>()
-                    .value(row),
-                stats
-                    .column(3)
-                    .as_primitive::<arrow::datatypes::UInt64Type>()
-                    .value(row),
-                stats
-                    .column(4)
-                    .as_primitive::<arrow::datatypes::UInt64Type>()
-                    .value(row) as f64
-                    / 1e6,
+                rows,
+                deletes,
+                micros as f64 / 1e6,
             );
             let _ = progress.send((index, position.clone()));
             report.position = Some(position);

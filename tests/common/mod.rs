@@ -9,6 +9,13 @@ use urutau_planner::diagnostic::Diagnostics;
 use urutau_planner::plan::{PipelinePlan, plan_pipeline};
 use urutau_planner::registry::Registry;
 
+/// A script of the test harness (tests/harness/).
+pub fn harness_script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/harness")
+        .join(name)
+}
+
 /// Every source and sink kind of the build (what the binary registers).
 pub fn registry() -> Registry {
     let mut r = Registry::new();
@@ -67,8 +74,7 @@ pub fn duckdb_rows(
     metadata: &str,
     order_by: &str,
 ) -> Vec<serde_json::Value> {
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/iceberg_read.py");
+    let script = harness_script("iceberg_read.py");
     let out = std::process::Command::new(python)
         .arg(script)
         .arg(metadata)
@@ -122,8 +128,7 @@ pub struct Seaweed {
 impl Seaweed {
     /// Starts a server with its data under `dir` and a table bucket.
     pub fn start(python: &std::path::Path, dir: &std::path::Path) -> Seaweed {
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/seaweed.py");
+        let script = harness_script("seaweed.py");
         let out = std::process::Command::new(python)
             .arg(script)
             .args(["start", "--dir"])
@@ -180,8 +185,7 @@ impl Seaweed {
 
     /// The table's metadata (and its location) as the catalog serves it.
     pub fn table_metadata(&self, table: &str) -> serde_json::Value {
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/iceberg_read.py");
+        let script = harness_script("iceberg_read.py");
         let out = std::process::Command::new(&self.python)
             .arg(script)
             .args(self.reader_args(table))
@@ -198,8 +202,7 @@ impl Seaweed {
 
     /// The table's rows as DuckDB reads them from S3.
     pub fn rows(&self, table: &str, order_by: &str) -> Vec<serde_json::Value> {
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/iceberg_read.py");
+        let script = harness_script("iceberg_read.py");
         let out = std::process::Command::new(&self.python)
             .arg(script)
             .args(self.reader_args(table))
@@ -221,8 +224,7 @@ impl Seaweed {
 
 impl Drop for Seaweed {
     fn drop(&mut self) {
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/seaweed.py");
+        let script = harness_script("seaweed.py");
         let _ = std::process::Command::new(&self.python)
             .arg(script)
             .args(["stop", "--pid", &self.info["pid"].to_string()])
@@ -239,8 +241,7 @@ pub struct Postgres {
 
 impl Postgres {
     pub fn start(dir: &std::path::Path) -> Option<Postgres> {
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/postgres.py");
+        let script = harness_script("postgres.py");
         let out = std::process::Command::new("python3")
             .arg(script)
             .args(["start", "--dir"])
@@ -270,8 +271,7 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/postgres.py");
+        let script = harness_script("postgres.py");
         let _ = std::process::Command::new("python3")
             .arg(script)
             .args([
@@ -310,8 +310,7 @@ impl ClickHouse {
                 http,
             };
         }
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/harness/clickhouse_front.py");
+        let script = harness_script("clickhouse_front.py");
         let (user, password) = ("urutau".to_string(), "ch-test-secret".to_string());
         let out = std::process::Command::new(python)
             .arg(script)
@@ -394,8 +393,7 @@ impl ClickHouse {
 impl Drop for ClickHouse {
     fn drop(&mut self) {
         if let Some(pid) = self.pid {
-            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/harness/clickhouse_front.py");
+            let script = harness_script("clickhouse_front.py");
             let _ = std::process::Command::new(&self.python)
                 .arg(script)
                 .args(["stop", "--pid", &pid.to_string()])

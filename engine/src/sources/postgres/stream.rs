@@ -296,12 +296,18 @@ impl Assembler {
         old: Option<&Tuple>,
         kind: RowKind,
     ) -> Result<(), SourceError> {
-        let Some(binding) = self.binding(rel)? else {
-            return Ok(());
+        // Disjoint fields: the binding is borrowed, not cloned, per row.
+        let binding = match self.relations.get(&rel) {
+            Some(Some(b)) => b,
+            Some(None) => return Ok(()),
+            None => {
+                return Err(SourceError::new(format!(
+                    "a change of relation {rel} arrived before its Relation message"
+                )));
+            }
         };
-        let (table, positions) = (binding.table, binding.positions.clone());
-        let b = &mut self.builders[table];
-        for (i, pos) in positions.iter().enumerate() {
+        let b = &mut self.builders[binding.table];
+        for (i, pos) in binding.positions.iter().enumerate() {
             let cell = tuple.0.get(*pos);
             let value: Option<&[u8]> = match cell {
                 None | Some(Cell::Null) => None,
