@@ -86,16 +86,34 @@ fn maybe<T>(rng: &mut StdRng, f: impl FnOnce(&mut StdRng) -> T) -> Option<T> {
 /// A seeded random workload: inserts, updates (some changing the key,
 /// some leaving the TOASTed note unchanged), deletes, re-inserts, NULLs,
 /// multi-statement transactions, both tables in one transaction.
-async fn workload(pool: &PgPool, seed: u64, transactions: usize, stop: &AtomicBool) {
+///
+/// Keys fall in 1..400; with a larger `key_space`, half of them anywhere
+/// in 1..key_space (so live changes land in chunks a snapshot is reading).
+/// Event ids start at `first_event`.
+async fn workload(
+    pool: &PgPool,
+    seed: u64,
+    transactions: usize,
+    stop: &AtomicBool,
+    key_space: i64,
+    first_event: i64,
+) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut next_event = 1i64;
+    let mut next_event = first_event;
+    let pick = |rng: &mut StdRng| -> i64 {
+        if key_space > 400 && rng.random_bool(0.5) {
+            rng.random_range(1..key_space)
+        } else {
+            rng.random_range(1..400)
+        }
+    };
     for _ in 0..transactions {
         if stop.load(Ordering::Relaxed) {
             break;
         }
         let mut tx = pool.begin().await.unwrap();
         for _ in 0..rng.random_range(1..6) {
-            let id: i64 = rng.random_range(1..400);
+            let id: i64 = pick(&mut rng);
             match rng.random_range(0..100) {
                 0..40 => {
                     let name = maybe(&mut rng, |rng| format!("n{} ünï", rng.random_range(0..99)));
@@ -157,7 +175,7 @@ async fn workload(pool: &PgPool, seed: u64, transactions: usize, stop: &AtomicBo
                     .unwrap();
                 }
                 60..68 => {
-                    let to: i64 = rng.random_range(1..400);
+                    let to: i64 = pick(&mut rng);
                     // A key change (skipped when the new key is taken).
                     sqlx::query("UPDATE items SET id = $2 WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM items WHERE id = $2)")
                         .bind(id)
@@ -257,6 +275,15 @@ async fn committed(dir: &Path, table: &str) -> Option<u64> {
     md["properties"]["cdc.position"].as_str().map(lsn)
 }
 
+/// A table property (None before the table's first commit).
+async fn property(dir: &Path, table: &str, key: &str) -> Option<String> {
+    let loc = common::catalog_metadata_location(&dir.join("catalog.db"), "pg", table).await?;
+    let md: Value =
+        serde_json::from_str(&std::fs::read_to_string(loc.trim_start_matches("file://")).unwrap())
+            .unwrap();
+    md["properties"][key].as_str().map(str::to_string)
+}
+
 async fn confirmed_flush(pool: &PgPool) -> u64 {
     let text: String = sqlx::query_scalar(
         "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'urutau_test'",
@@ -265,6 +292,67 @@ async fn confirmed_flush(pool: &PgPool) -> u64 {
     .await
     .unwrap();
     lsn(&text)
+}
+
+/// Reads `items` back with DuckDB and compares it with Postgres row for
+/// row: any missing, extra (or resurrected), stale or duplicated key is a
+/// failure. Columns in `metadata` are set aside (returned, not compared).
+async fn assert_items_equal(
+    python: &Path,
+    dir: &Path,
+    db: &PgPool,
+    metadata: &[&str],
+) -> Vec<Value> {
+    let loc = common::catalog_metadata_location(&dir.join("catalog.db"), "pg", "items")
+        .await
+        .unwrap();
+    let read_full: Vec<Value> = common::duckdb_rows(python, &loc, "id");
+    let read: Vec<Value> = read_full
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            for m in metadata {
+                r.as_object_mut().unwrap().remove(*m);
+            }
+            r
+        })
+        .collect();
+    let want = source_items(db).await;
+    let by_id = |rows: &[Value]| -> BTreeMap<i64, Value> {
+        rows.iter()
+            .map(|r| (r["id"].as_i64().unwrap(), r.clone()))
+            .collect()
+    };
+    let (got, exp) = (by_id(&read), by_id(&want));
+    let mut problems = Vec::new();
+    for (id, row) in &exp {
+        match got.get(id) {
+            None => problems.push(format!("missing key {id}")),
+            Some(g) if g != row => {
+                let short = |v: &Value| v.to_string().chars().take(300).collect::<String>();
+                problems.push(format!(
+                    "stale key {id}:\n  read {}\n  want {}",
+                    short(g),
+                    short(row)
+                ))
+            }
+            _ => {}
+        }
+    }
+    for id in got.keys() {
+        if !exp.contains_key(id) {
+            problems.push(format!("extra or resurrected key {id}"));
+        }
+    }
+    assert_eq!(read.len(), got.len(), "duplicated keys");
+    assert!(
+        problems.is_empty(),
+        "{} differences, first: {:#?}",
+        problems.len(),
+        &problems[..problems.len().min(5)]
+    );
+    eprintln!("items: {} rows equal", want.len());
+    read_full
 }
 
 /// The acceptance suite's streaming half: a concurrent seeded writer, the
@@ -327,7 +415,7 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
     let writer = {
         let db = db.clone();
         let stop = Arc::clone(&stop);
-        tokio::spawn(async move { workload(&db, 2026, 3_000, &stop).await })
+        tokio::spawn(async move { workload(&db, 2026, 3_000, &stop, 400, 1).await })
     };
     let mut rng = StdRng::seed_from_u64(5);
     let mut kills = 0;
@@ -400,43 +488,8 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
     writer.await.unwrap();
     run_to_end(&p);
 
-    let order = "id";
-    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "items")
-        .await
-        .unwrap();
-    let read: Vec<Value> = common::duckdb_rows(&python, &loc, order);
-    let want = source_items(&db).await;
-    let by_id = |rows: &[Value]| -> BTreeMap<i64, Value> {
-        rows.iter()
-            .map(|r| (r["id"].as_i64().unwrap(), r.clone()))
-            .collect()
-    };
-    let (got, exp) = (by_id(&read), by_id(&want));
-    let mut problems = Vec::new();
-    for (id, row) in &exp {
-        match got.get(id) {
-            None => problems.push(format!("missing key {id}")),
-            Some(g) if g != row => {
-                problems.push(format!("stale key {id}:\n  read {g}\n  want {row}"))
-            }
-            _ => {}
-        }
-    }
-    for id in got.keys() {
-        if !exp.contains_key(id) {
-            problems.push(format!("extra or resurrected key {id}"));
-        }
-    }
-    assert_eq!(read.len(), got.len(), "duplicated keys");
-    assert!(
-        problems.is_empty(),
-        "{} differences, first: {:#?}",
-        problems.len(),
-        &problems[..problems.len().min(5)]
-    );
-    assert!(want.len() > 100, "the workload left {} rows", want.len());
-    eprintln!("items: {} rows equal (of {} read)", want.len(), read.len());
-
+    let read = assert_items_equal(&python, dir.path(), &db, &[]).await;
+    assert!(read.len() > 100, "the workload left {} rows", read.len());
     let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "events")
         .await
         .unwrap();
@@ -444,15 +497,15 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
     assert_eq!(read, source_events(&db).await);
 }
 
-/// Settings the server lacks are named; the default snapshot setting is
-/// refused as not in this build.
+/// A bad setting is an invalid pipeline (exit 2) naming what is allowed,
+/// and the URI's password never appears.
 #[tokio::test]
-async fn validation_and_preflight_errors_name_the_setting() {
+async fn validation_errors_name_the_setting() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("s.sql");
     std::fs::write(
         &p,
-        "CREATE SOURCE src FROM postgres WITH (uri = 'postgres://u:hunter22@127.0.0.1:1/db', slot = 's');
+        "CREATE SOURCE src FROM postgres WITH (uri = 'postgres://u:hunter22@127.0.0.1:1/db', slot = 's', snapshot = 'sometimes');
 CREATE SINK out INTO debug;
 CREATE TABLE out.items AS SELECT id FROM src.items;
 ",
@@ -462,8 +515,211 @@ CREATE TABLE out.items AS SELECT id FROM src.items;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("the initial snapshot is not in this build yet"),
+        err.contains("sometimes") && err.contains("initial"),
         "{err}"
     );
+    assert!(err.contains("s.sql:1:"), "{err}");
     assert!(!err.contains("hunter22"), "{err}");
+}
+
+/// Prefills `items` with `rows` rows (NULLs, unicode, a TOASTed note on
+/// every 50th row) and `events` with 5,000, in one statement each.
+async fn prefill(db: &PgPool, rows: i64) {
+    sqlx::query(
+        "INSERT INTO items
+         SELECT i,
+                CASE WHEN i % 7 = 0 THEN NULL ELSE 'pré ' || i END,
+                CASE WHEN i % 11 = 0 THEN NULL ELSE ((i * 37) % 2000000 - 1000000)::numeric / 100 END,
+                CASE WHEN i % 13 = 0 THEN NULL ELSE (i * 7919) % 100000 END,
+                CASE WHEN i % 17 = 0 THEN NULL ELSE i % 2 = 0 END,
+                CASE WHEN i % 19 = 0 THEN NULL ELSE to_timestamp(i * 3600.5) END,
+                CASE WHEN i % 23 = 0 THEN NULL ELSE DATE '1950-01-01' + (i % 40000)::int END,
+                CASE WHEN i % 29 = 0 THEN NULL ELSE md5(i::text)::uuid END,
+                CASE WHEN i % 50 = 0
+                     THEN (SELECT string_agg(md5(i::text || g::text), ' ') FROM generate_series(1, 200) g)
+                     ELSE NULL END,
+                CASE WHEN i % 31 = 0 THEN NULL ELSE ARRAY['t' || (i % 5), NULL] END,
+                CASE WHEN i % 37 = 0 THEN NULL ELSE jsonb_build_object('i', i) END
+         FROM generate_series(1, $1) i",
+    )
+    .bind(rows)
+    .execute(db)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO events SELECT i, i * 3, 'seed' FROM generate_series(1, 5000) i")
+        .execute(db)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE items").execute(db).await.unwrap();
+}
+
+/// The acceptance suite's snapshot half: 100,000 pre-filled rows copied
+/// (DBLog chunks between watermarks) while a seeded writer changes the
+/// table everywhere, including the chunks being read; the pipeline is
+/// SIGKILLed five times (at least once mid-snapshot); the slot is never
+/// acknowledged past what the sink committed; after the end DuckDB reads
+/// both tables equal to Postgres, and the copied rows carry phase
+/// `snapshot` with no commit time.
+#[tokio::test]
+async fn snapshot_of_100k_rows_with_a_concurrent_writer_survives_kill_9() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(pg) = common::Postgres::start(&dir.path().join("pg")) else {
+        return;
+    };
+    let db = pool(&pg).await;
+    db.execute(SCHEMA).await.unwrap();
+    const ROWS: i64 = 100_000;
+    prefill(&db, ROWS).await;
+    let p = dir.path().join("snap.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000);
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
+CREATE TABLE lake.items WITH (primary_key = 'id') AS
+  SELECT *, _phase AS cdc_phase, _commit_ts AS cdc_commit_ts FROM src.public.items;
+CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
+",
+            uri = pg.uri(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let db = db.clone();
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move { workload(&db, 77, 4_000, &stop, ROWS, 10_001).await })
+    };
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut states = Vec::new();
+    for kill in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
+            .args(["run", p.to_str().unwrap(), "--log-level", "warn"])
+            .args(["--metrics-addr", &addr])
+            // Wider windows between each chunk's SELECT and its high
+            // watermark: live changes land inside them.
+            .env("URUTAU_TEST_SNAPSHOT_WINDOW_MS", "40")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let ms = if kill == 0 {
+            rng.random_range(1500..2500)
+        } else {
+            rng.random_range(300..2500)
+        };
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        if kill == 0 {
+            // Snapshot progress is reported while it runs.
+            let get = |path: &str| {
+                let url = format!("http://{addr}{path}");
+                async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+            };
+            let status: Value = serde_json::from_str(&get("/statusz").await).unwrap();
+            let items = &status["snapshots"]["public.items"];
+            assert!(
+                items["rows_estimated"].as_u64().unwrap() > 90_000,
+                "{status}"
+            );
+            assert!(items["rows_copied"].as_u64().unwrap() > 0, "{status}");
+            assert_eq!(items["done"], false, "{status}");
+            assert_eq!(
+                status["tables"]["lake.items"]["phase"], "snapshot",
+                "{status}"
+            );
+            assert_eq!(
+                status["tables"]["lake.items"]["snapshot_state"], "in_progress",
+                "{status}"
+            );
+            let metrics = get("/metrics").await;
+            for needle in [
+                "urutau_snapshot_rows_copied{table=\"public.items\"}",
+                "urutau_snapshot_rows_estimated{table=\"public.items\"}",
+                "urutau_table_phase{table=\"lake.items\",phase=\"snapshot\"} 1",
+            ] {
+                assert!(metrics.contains(needle), "{needle} in\n{metrics}");
+            }
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the pipeline stopped on its own"
+        );
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let flushed = confirmed_flush(&db).await;
+        if let (Some(items), Some(events)) = (
+            committed(dir.path(), "items").await,
+            committed(dir.path(), "events").await,
+        ) {
+            assert!(
+                flushed <= items.min(events),
+                "confirmed_flush_lsn {flushed:X} is ahead of the sink (items {items:X}, events {events:X})"
+            );
+        }
+        let state = property(dir.path(), "items", "cdc.snapshot.state").await;
+        let bounds = property(dir.path(), "items", "cdc.snapshot.bounds").await;
+        eprintln!("kill {kill}: items snapshot {state:?} after {bounds:?}");
+        states.push(state);
+    }
+    assert!(
+        states.iter().any(|s| s.as_deref() == Some("in_progress")),
+        "no kill landed mid-snapshot: {states:?}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    run_to_end(&p);
+    assert_eq!(
+        property(dir.path(), "items", "cdc.snapshot.state")
+            .await
+            .as_deref(),
+        Some("complete")
+    );
+    assert_eq!(
+        property(dir.path(), "items", "cdc.snapshot.bounds").await,
+        None
+    );
+
+    let read = assert_items_equal(&python, dir.path(), &db, &["cdc_phase", "cdc_commit_ts"]).await;
+    assert!(read.len() as i64 > ROWS / 2, "{} rows", read.len());
+    let mut snapshot_rows = 0;
+    for r in &read {
+        match r["cdc_phase"].as_str() {
+            Some("snapshot") => {
+                snapshot_rows += 1;
+                assert!(
+                    r["cdc_commit_ts"].is_null(),
+                    "a snapshot row has a commit time: {r}"
+                );
+            }
+            Some("stream") => assert!(!r["cdc_commit_ts"].is_null(), "{r}"),
+            other => panic!("phase {other:?}: {r}"),
+        }
+    }
+    assert!(
+        snapshot_rows as i64 > ROWS / 2,
+        "{snapshot_rows} snapshot rows"
+    );
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "events")
+        .await
+        .unwrap();
+    assert_eq!(
+        common::duckdb_rows(&python, &loc, "id"),
+        source_events(&db).await
+    );
+    // The slot is acknowledged up to what the sink holds at the end.
+    let flushed = confirmed_flush(&db).await;
+    let items = committed(dir.path(), "items").await.unwrap();
+    assert!(flushed <= items, "{flushed:X} > {items:X}");
 }

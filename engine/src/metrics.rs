@@ -25,6 +25,10 @@ pub struct TableStatus {
     pub commit_failures: u64,
     /// Unix seconds of the last commit.
     pub last_commit_unix: Option<f64>,
+    /// The committed snapshot state (`not_started`, `in_progress`,
+    /// `complete`) for a source that snapshots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_state: Option<String>,
     #[serde(skip)]
     commit_seconds_sum: f64,
 }
@@ -41,6 +45,17 @@ pub struct SourceStatus {
     pub truncates_ignored: u64,
 }
 
+/// One source table's initial snapshot, as the source copies it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SnapshotStatus {
+    /// Rows copied so far in this run (chunks whose window closed).
+    pub rows_copied: u64,
+    /// The table's estimated row count (the planner's statistics).
+    pub rows_estimated: u64,
+    /// Whether every chunk has been read.
+    pub done: bool,
+}
+
 /// The registry.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -52,6 +67,7 @@ struct Inner {
     pipeline: String,
     tables: BTreeMap<String, TableStatus>,
     sources: BTreeMap<String, SourceStatus>,
+    snapshots: BTreeMap<String, SnapshotStatus>,
 }
 
 /// The process's registry.
@@ -106,16 +122,36 @@ impl Metrics {
         t.position = position;
     }
 
-    /// A commit landed.
-    pub fn committed(&self, table: &str, position: &str, rows: u64, deletes: u64, seconds: f64) {
+    /// A commit landed; `mark` is the committed position with the table's
+    /// snapshot progress, if any (which sets the phase).
+    pub fn committed(&self, table: &str, mark: &str, rows: u64, deletes: u64, seconds: f64) {
+        let mark = urutau_planner::progress::CommitMark::parse(mark);
         let mut g = self.lock();
         let t = g.tables.entry(table.to_string()).or_default();
         t.commits += 1;
         t.upserts += rows.saturating_sub(deletes);
         t.deletes += deletes;
-        t.position = Some(position.to_string());
+        if let Some(s) = &mark.snapshot {
+            t.phase = if s.is_complete() {
+                "stream"
+            } else {
+                "snapshot"
+            }
+            .to_string();
+            t.snapshot_state = Some(s.state().to_string());
+        }
+        t.position = Some(mark.position);
         t.last_commit_unix = Some(now_unix());
         t.commit_seconds_sum += seconds;
+    }
+
+    /// A source table's snapshot progress (rows copied of the estimate).
+    pub fn snapshot_progress(&self, source_table: &str, copied: u64, estimated: u64, done: bool) {
+        let mut g = self.lock();
+        let s = g.snapshots.entry(source_table.to_string()).or_default();
+        s.rows_copied = copied;
+        s.rows_estimated = estimated;
+        s.done = done;
     }
 
     /// A commit failed.
@@ -155,6 +191,7 @@ impl Metrics {
             "pipeline": g.pipeline,
             "tables": g.tables,
             "sources": g.sources,
+            "snapshots": g.snapshots,
         })
     }
 
@@ -250,6 +287,32 @@ impl Metrics {
                     "urutau_table_phase{{table=\"{}\",phase=\"{}\"}} 1",
                     label(t),
                     label(&s.phase)
+                )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_snapshot_rows_copied",
+            "gauge",
+            "Rows of each source table copied by the initial snapshot in this run.",
+            g.snapshots.iter().map(|(t, s)| {
+                format!(
+                    "urutau_snapshot_rows_copied{{table=\"{}\"}} {}",
+                    label(t),
+                    s.rows_copied
+                )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_snapshot_rows_estimated",
+            "gauge",
+            "Each snapshotted source table's estimated row count.",
+            g.snapshots.iter().map(|(t, s)| {
+                format!(
+                    "urutau_snapshot_rows_estimated{{table=\"{}\"}} {}",
+                    label(t),
+                    s.rows_estimated
                 )
             }),
         );

@@ -24,6 +24,7 @@ use urutau_planner::context;
 use urutau_planner::feed::RouteBatch;
 use urutau_planner::physical::SinkCommitError;
 use urutau_planner::plan::PipelinePlan;
+use urutau_planner::progress::{CommitMark, SnapshotProgress};
 
 use crate::batching::BatchPolicy;
 use crate::position::{Position, PositionError, min_safe};
@@ -82,6 +83,7 @@ pub async fn run(
     crate::metrics::global().set_pipeline(&plan.name);
     // Resume points, read from the sinks.
     let mut resume: Vec<Option<Position>> = Vec::with_capacity(plan.routes.len());
+    let mut resume_snapshot: Vec<Option<SnapshotProgress>> = Vec::with_capacity(plan.routes.len());
     for route in &plan.routes {
         let source = plan.spec.source(&route.source).expect("planned");
         let kind = position_kind(&source.kind.name).ok_or_else(|| RunError::Source {
@@ -103,14 +105,17 @@ pub async fn run(
             .committed_position(&route.target)
             .await
             .map_err(|e| err(format!("reading the committed position: {e}")))?;
-        let parsed = match committed {
-            Some(text) => Some(Position::parse(kind, &text).map_err(|e| {
-                err(format!(
-                    "table {} holds position `{text}`, which source {} cannot resume from: {e}",
-                    route.target.display_name(),
-                    route.source
-                ))
-            })?),
+        let mark = committed.as_deref().map(CommitMark::parse);
+        let parsed = match &mark {
+            Some(CommitMark { position: text, .. }) => {
+                Some(Position::parse(kind, text).map_err(|e| {
+                    err(format!(
+                        "table {} holds position `{text}`, which source {} cannot resume from: {e}",
+                        route.target.display_name(),
+                        route.source
+                    ))
+                })?)
+            }
             None => None,
         };
         tracing::info!(
@@ -118,12 +123,18 @@ pub async fn run(
             position = %parsed.as_ref().map_or("(none: from the beginning)".to_string(), |p| p.to_string()),
             "resuming"
         );
+        let snapshot = mark.and_then(|m| m.snapshot);
+        let phase = match &snapshot {
+            Some(s) if !s.is_complete() => "snapshot",
+            _ => "stream",
+        };
         crate::metrics::global().table_started(
             &route.name,
-            "stream",
+            phase,
             parsed.as_ref().map(|p| p.to_string()),
         );
         resume.push(parsed);
+        resume_snapshot.push(snapshot);
     }
 
     let stop_reading = Arc::new(AtomicBool::new(false));
@@ -174,8 +185,8 @@ pub async fn run(
     let progress_task = {
         let committed = Arc::clone(&committed);
         tokio::spawn(async move {
-            while let Some((i, pos)) = progress_rx.recv().await {
-                if let Ok(p) = Position::parse(kinds[i], &pos) {
+            while let Some((i, mark)) = progress_rx.recv().await {
+                if let Ok(p) = Position::parse(kinds[i], &CommitMark::position_of(&mark)) {
                     committed.lock().expect("progress lock")[i] = Some(p);
                 }
             }
@@ -203,9 +214,25 @@ pub async fn run(
         } else {
             None
         };
+        // A table's snapshot resumes only from progress all its routes
+        // committed alike; otherwise it starts over (re-copying rows is
+        // harmless: chunks are reconciled against the stream).
+        let mut snapshots = HashMap::new();
+        for t in &source.tables {
+            let marks: Vec<&Option<SnapshotProgress>> =
+                t.routes.iter().map(|i| &resume_snapshot[*i]).collect();
+            if let Some(Some(first)) = marks.first()
+                && marks.iter().all(|m| m.as_ref() == Some(first))
+            {
+                snapshots.insert(t.table.clone(), first.clone());
+            } else if marks.iter().any(|m| m.is_some()) {
+                tracing::warn!(table = %t.table.join("."), "the routes of this table committed different snapshot progress; its snapshot starts over");
+            }
+        }
         let opened = sources::open(OpenArgs {
             plan: source,
             start: start.clone(),
+            snapshots,
             exit_when_caught_up: options.exit_when_caught_up,
             policy: BatchPolicy::from(plan.batch),
             stop: Arc::clone(&stop_reading),
@@ -231,6 +258,8 @@ pub async fn run(
                     resume: resume[i].clone(),
                     last_sent: Instant::now(),
                     last_end: resume[i].clone(),
+                    snapshot: resume_snapshot[i].clone(),
+                    sent_snapshot: resume_snapshot[i].clone(),
                     empty: RecordBatch::new_empty(Arc::clone(&t.scan_schema)),
                 });
             }
@@ -376,7 +405,22 @@ struct Outlet {
     resume: Option<Position>,
     last_sent: Instant,
     last_end: Option<Position>,
+    /// The table's snapshot progress as of the newest source batch, and as
+    /// last sent to the route.
+    snapshot: Option<SnapshotProgress>,
+    sent_snapshot: Option<SnapshotProgress>,
     empty: RecordBatch,
+}
+
+impl Outlet {
+    /// The mark a batch ending at `end` commits for this route.
+    fn mark(&self, end: &Position) -> String {
+        CommitMark {
+            position: end.to_string(),
+            snapshot: self.snapshot.clone(),
+        }
+        .to_string()
+    }
 }
 
 /// Sends each route its share of `batch`. `Ok(false)` when a route is gone
@@ -388,6 +432,9 @@ async fn dispatch(
 ) -> Result<bool, String> {
     for o in outlets.iter_mut() {
         let Some(sender) = &o.sender else { continue };
+        if let Some((_, progress)) = batch.snapshot.iter().find(|(t, _)| *t == o.table) {
+            o.snapshot = Some(progress.clone());
+        }
         // Changes the sink already holds are not sent again.
         if let Some(r) = &o.resume {
             match batch.end.partial_cmp(r) {
@@ -419,6 +466,8 @@ async fn dispatch(
         o.resume = None;
         let send = match rows {
             Some(b) if b.num_rows() > 0 => Some(b),
+            // The snapshot progress moved: commit it promptly.
+            _ if o.snapshot != o.sent_snapshot => Some(o.empty.clone()),
             // Untouched: advance the position now and then.
             _ if o.last_sent.elapsed() >= progress_interval => Some(o.empty.clone()),
             _ => None,
@@ -426,11 +475,12 @@ async fn dispatch(
         if let Some(b) = send {
             let rb = RouteBatch {
                 batch: b,
-                end: batch.end.to_string(),
+                end: o.mark(&batch.end),
             };
             if sender.send(rb).await.is_err() {
                 return Ok(false);
             }
+            o.sent_snapshot = o.snapshot.clone();
             o.last_sent = Instant::now();
             o.last_end = Some(batch.end.clone());
         }
@@ -451,7 +501,7 @@ async fn finish_positions(outlets: &mut [Outlet], end: &Position) {
         if behind {
             let rb = RouteBatch {
                 batch: o.empty.clone(),
-                end: end.to_string(),
+                end: o.mark(end),
             };
             if sender.send(rb).await.is_ok() {
                 o.last_end = Some(end.clone());

@@ -20,6 +20,7 @@ pub mod options;
 pub mod partition;
 pub mod physical;
 pub mod plan;
+pub mod progress;
 pub mod registry;
 pub mod sink;
 pub mod spec;

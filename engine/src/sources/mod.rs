@@ -9,8 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use arrow::record_batch::RecordBatch;
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use urutau_planner::plan::SourcePlan;
+use urutau_planner::progress::SnapshotProgress;
 use urutau_planner::registry::Registry;
 
 use crate::batching::BatchPolicy;
@@ -44,6 +47,10 @@ pub struct TableChanges {
 pub struct SourceBatch {
     pub tables: Vec<TableChanges>,
     pub end: Position,
+    /// For a source that copies its tables first: each table's snapshot
+    /// progress as of `end` (committed with the table's rows). Empty for
+    /// sources without a snapshot.
+    pub snapshot: Vec<(Vec<String>, SnapshotProgress)>,
 }
 
 /// What a source needs to start.
@@ -51,6 +58,10 @@ pub struct OpenArgs<'a> {
     pub plan: &'a SourcePlan,
     /// Resume after this position (`None`: from the beginning).
     pub start: Option<Position>,
+    /// Each table's snapshot progress as every route of it committed it
+    /// (a table absent here, or whose routes disagree, starts its snapshot
+    /// over).
+    pub snapshots: HashMap<Vec<String>, SnapshotProgress>,
     pub exit_when_caught_up: bool,
     pub policy: BatchPolicy,
     /// Set when the run is stopping: the source stops reading.

@@ -32,6 +32,7 @@ use iceberg::spec::{
 };
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, Runtime};
+use urutau_planner::progress::{CommitMark, SnapshotProgress};
 use urutau_planner::sink::SinkError;
 
 use super::io_error;
@@ -40,6 +41,45 @@ use super::io_error;
 pub const POSITION_KEY: &str = "cdc.position";
 /// Snapshot summary key of the commit id (idempotent retries).
 pub const COMMIT_ID_KEY: &str = "cdc.commit-id";
+/// Table property and summary key of the initial snapshot's state
+/// (`not_started`, `in_progress`, `complete`).
+pub const SNAPSHOT_STATE_KEY: &str = "cdc.snapshot.state";
+/// Table property and summary key of the last copied key (JSON array).
+pub const SNAPSHOT_BOUNDS_KEY: &str = "cdc.snapshot.bounds";
+
+/// The properties a commit mark sets (the position, and the snapshot
+/// progress when the source snapshots), and the ones it clears.
+pub fn mark_properties(mark: &str) -> (HashMap<String, String>, Vec<String>) {
+    let m = CommitMark::parse(mark);
+    let mut set = HashMap::from([(POSITION_KEY.to_string(), m.position)]);
+    let mut clear = Vec::new();
+    if let Some(s) = &m.snapshot {
+        set.insert(SNAPSHOT_STATE_KEY.to_string(), s.state().to_string());
+        match s.bounds() {
+            Some(b) => {
+                set.insert(SNAPSHOT_BOUNDS_KEY.to_string(), b);
+            }
+            None => clear.push(SNAPSHOT_BOUNDS_KEY.to_string()),
+        }
+    }
+    (set, clear)
+}
+
+/// The commit mark held by a property map (table properties or a
+/// snapshot summary); `None` without `cdc.position`.
+fn mark_from(props: &HashMap<String, String>) -> Option<String> {
+    let position = props.get(POSITION_KEY)?;
+    let snapshot = props.get(SNAPSHOT_STATE_KEY).and_then(|state| {
+        SnapshotProgress::from_parts(state, props.get(SNAPSHOT_BOUNDS_KEY).map(String::as_str))
+    });
+    Some(
+        CommitMark {
+            position: position.clone(),
+            snapshot,
+        }
+        .to_string(),
+    )
+}
 
 /// What one commit adds.
 pub struct RowDelta {
@@ -123,7 +163,8 @@ pub async fn build_row_delta(
     }
     let mut props = collector.build();
     add_totals(&mut props, parent.map(|p| p.summary()));
-    props.insert(POSITION_KEY.to_string(), delta.position.clone());
+    let (mark_set, mark_clear) = mark_properties(&delta.position);
+    props.extend(mark_set.clone());
     props.insert(COMMIT_ID_KEY.to_string(), delta.commit_id.clone());
     let operation = match (delta.data_files.is_empty(), delta.delete_files.is_empty()) {
         (false, true) => Operation::Append,
@@ -202,12 +243,8 @@ pub async fn build_row_delta(
     md.clone()
         .into_builder(Some(current))
         .set_branch_snapshot(snapshot, MAIN_BRANCH)
-        .and_then(|b| {
-            b.set_properties(HashMap::from([(
-                POSITION_KEY.to_string(),
-                delta.position.clone(),
-            )]))
-        })
+        .and_then(|b| b.set_properties(mark_set))
+        .and_then(|b| b.remove_properties(&mark_clear))
         .and_then(|b| b.build())
         .map_err(&err)
 }
@@ -220,14 +257,13 @@ pub fn build_position_only(
 ) -> Result<TableMetadataBuildResult, SinkError> {
     let err = io_error("the table metadata");
     let current = table.metadata_location_result().map_err(&err)?.to_string();
+    let (set, clear) = mark_properties(position);
     table
         .metadata()
         .clone()
         .into_builder(Some(current))
-        .set_properties(HashMap::from([(
-            POSITION_KEY.to_string(),
-            position.to_string(),
-        )]))
+        .set_properties(set)
+        .and_then(|b| b.remove_properties(&clear))
         .and_then(|b| b.build())
         .map_err(&err)
 }
@@ -293,8 +329,8 @@ pub fn ancestry(md: &TableMetadata) -> impl Iterator<Item = &iceberg::spec::Snap
 /// The committed position: the table property (O(1)), else the newest
 /// snapshot summary on the main branch that carries one.
 pub fn committed_position(md: &TableMetadata) -> Option<String> {
-    if let Some(p) = md.properties().get(POSITION_KEY) {
-        return Some(p.clone());
+    if let Some(m) = mark_from(md.properties()) {
+        return Some(m);
     }
-    ancestry(md).find_map(|s| s.summary().additional_properties.get(POSITION_KEY).cloned())
+    ancestry(md).find_map(|s| mark_from(&s.summary().additional_properties))
 }

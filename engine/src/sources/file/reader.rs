@@ -594,6 +594,7 @@ impl Reader {
         Ok(Some(SourceBatch {
             tables,
             end: Position::File(end),
+            snapshot: Vec::new(),
         }))
     }
 

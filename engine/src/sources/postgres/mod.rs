@@ -18,20 +18,20 @@
 //! position neither re-reads nor skips a transaction. The slot is
 //! acknowledged only up to positions every route has committed.
 //!
-//! Not in this build: the initial snapshot (DBLog chunks and watermarks).
-//! `snapshot = 'initial'` (the default) is refused at validation, so the
-//! pipeline states explicitly that it streams changes only
-//! (`snapshot = 'none'`).
+//! Unless `snapshot = 'none'`, the routed tables are copied first, DBLog
+//! style, while the stream flows ([`snapshot`]): chunks in primary-key
+//! order between low and high watermarks, progress committed in the sink
+//! with the rows.
 
 mod catalog;
 pub mod pgoutput;
 pub mod pgtypes;
+mod snapshot;
 mod stream;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use urutau_planner::diagnostic::{Diagnostic, Diagnostics};
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SourceKindDef, SourceProvider, SourceTableSchema};
 use urutau_planner::spec::{QualifiedName, SourceSpec, SourceTableSpec};
@@ -81,7 +81,17 @@ impl PostgresSourceProvider {
                         T::Enum(&["initial", "none"]),
                         "initial: copy the tables first; none: stream changes only",
                     )
+                    .aliases(&["snapshot_mode"])
                     .default("initial"),
+                    OptionDef::new(
+                        "snapshot_chunk_rows",
+                        T::Int {
+                            min: 1,
+                            max: 10_000_000,
+                        },
+                        "rows per snapshot chunk (each chunk is one SELECT between two watermarks)",
+                    )
+                    .default("5000"),
                     OptionDef::new(
                         "on_truncate",
                         T::Enum(&["ignore", "fail"]),
@@ -91,7 +101,7 @@ impl PostgresSourceProvider {
                 ],
                 declares_tables: false,
                 transport: false,
-                rules: vec![validate_source],
+                rules: vec![],
             },
         }
     }
@@ -100,28 +110,6 @@ impl PostgresSourceProvider {
 impl Default for PostgresSourceProvider {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// Validation rules of the `postgres` kind (options that cannot take
-/// effect in this build).
-pub fn validate_source(source: &SourceSpec, d: &mut Diagnostics) {
-    if source.options.get("snapshot") == Some("initial") {
-        let span = source
-            .options
-            .entry("snapshot")
-            .map_or(source.name.span, |e| e.value_span);
-        d.push(
-            Diagnostic::error(
-                span,
-                format!(
-                    "source `{}`: the initial snapshot is not in this build yet",
-                    source.name
-                ),
-            )
-            .with_rule("a setting that cannot take effect is a validation error")
-            .with_help("set snapshot = 'none' to stream changes from the slot's creation on"),
-        );
     }
 }
 

@@ -21,6 +21,7 @@ use urutau_planner::registry::SourceTableSchema;
 use super::catalog::{self, PgTable};
 use super::pgoutput::{self, Cell, Message, Relation, Tuple};
 use super::pgtypes::ColumnBuilder;
+use super::snapshot::{self, Chunk, ResumeProgress, SnapshotTarget, Snapshotter, Window};
 use crate::batching::BatchPolicy;
 use crate::change_batch::{ContextBuilder, RowKind};
 use crate::position::Position;
@@ -28,6 +29,8 @@ use crate::sources::{ChangeSource, OpenArgs, SourceBatch, SourceError, TableChan
 
 /// The prefix of the logical message that marks "caught up".
 const CAUGHT_UP_PREFIX: &str = "urutau.caught_up";
+/// Rows per snapshot chunk unless `snapshot_chunk_rows` says otherwise.
+pub const DEFAULT_CHUNK_ROWS: usize = 5_000;
 /// Microseconds from 1970-01-01 to 2000-01-01 (Postgres' epoch).
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
@@ -50,6 +53,10 @@ struct StreamCfg {
     fail_on_truncate: bool,
     tables: Vec<TableCfg>,
     start: Option<u64>,
+    /// Copy the tables first (`snapshot = 'initial'`).
+    snapshot: bool,
+    snapshot_chunk_rows: usize,
+    resume_snapshots: ResumeProgress,
     exit_when_caught_up: bool,
     policy: BatchPolicy,
     stop: Arc<AtomicBool>,
@@ -100,6 +107,12 @@ pub fn open(args: OpenArgs<'_>) -> Result<PgSource, SourceError> {
         fail_on_truncate: opts.get("on_truncate") == Some("fail"),
         tables,
         start,
+        snapshot: opts.get("snapshot") != Some("none"),
+        snapshot_chunk_rows: opts
+            .get("snapshot_chunk_rows")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_CHUNK_ROWS),
+        resume_snapshots: args.snapshots.clone(),
         exit_when_caught_up: args.exit_when_caught_up,
         policy: args.policy,
         stop: Arc::clone(&args.stop),
@@ -264,6 +277,14 @@ struct Assembler {
     unacked: std::collections::VecDeque<(u64, i64)>,
     /// The newest WAL position the server reported.
     received: u64,
+    /// The snapshot chunk waiting for its high watermark, and the keys the
+    /// stream changed inside its window.
+    chunk: Option<Chunk>,
+    window: Option<Window>,
+    /// Each snapshotted table's progress as of the rows built so far.
+    snapshot_progress: Vec<(Vec<String>, urutau_planner::progress::SnapshotProgress)>,
+    /// The progress moved since the last batch.
+    snapshot_moved: bool,
 }
 
 impl Assembler {
@@ -366,7 +387,78 @@ impl Assembler {
         })
     }
 
+    /// Notes the keys a live change of the window's table touches.
+    fn watch(&mut self, rel: u32, tuples: [Option<&Tuple>; 2]) {
+        let Some(w) = &mut self.window else { return };
+        if !w.open {
+            return;
+        }
+        let Some(Some(binding)) = self.relations.get(&rel) else {
+            return;
+        };
+        if binding.table != w.table {
+            return;
+        }
+        let [new, old] = tuples;
+        for t in [new, old].into_iter().flatten() {
+            let mut complete = true;
+            let key =
+                snapshot::encode_key(w.key.iter().map(|k| match t.0.get(binding.positions[*k]) {
+                    Some(Cell::Text(v)) => Some(&v[..]),
+                    Some(Cell::Null) => None,
+                    _ => {
+                        complete = false;
+                        None
+                    }
+                }));
+            if complete {
+                w.touched.insert(key);
+            }
+        }
+    }
+
+    /// The stream reached a chunk's high watermark at `lsn`: emits the
+    /// chunk's rows no live change in the window touched.
+    fn close_window(&mut self, lsn: u64) -> Result<(Chunk, usize), SourceError> {
+        let chunk = self.chunk.take().expect("a window has a chunk");
+        let window = self.window.take().expect("a chunk has a window");
+        let b = &mut self.builders[window.table];
+        let mut emitted = 0usize;
+        for (row, key) in chunk.rows.iter().zip(&chunk.keys) {
+            if window.touched.contains(key) {
+                continue;
+            }
+            for (i, value) in row.iter().enumerate() {
+                b.columns[i].append(value.as_deref()).map_err(|e| {
+                    SourceError::new(format!(
+                        "{} (snapshot): column {}: {e}",
+                        b.cfg.pg, b.cfg.schema.columns[i].name.name
+                    ))
+                })?;
+            }
+            b.context.append(RowKind::Insert, None, true);
+            emitted += 1;
+        }
+        let end = self.closed_end.map_or(lsn, |c| c.max(lsn));
+        b.context.close_transaction(&Position::Lsn(end).to_string());
+        self.closed_end = Some(end);
+        self.received = self.received.max(end);
+        self.batch_rows += emitted;
+        if emitted > 0 && self.batch_opened.is_none() {
+            self.batch_opened = Some(Instant::now());
+        }
+        Ok((chunk, emitted))
+    }
+
     fn change(&mut self, message: Message) -> Result<(), SourceError> {
+        match &message {
+            Message::Insert { relation, new } => self.watch(*relation, [Some(new), None]),
+            Message::Update {
+                relation, old, new, ..
+            } => self.watch(*relation, [Some(new), old.as_ref()]),
+            Message::Delete { relation, old, .. } => self.watch(*relation, [Some(old), None]),
+            _ => {}
+        }
         match message {
             Message::Relation(rel) => self.relation(rel)?,
             Message::Insert { relation, new } => {
@@ -445,7 +537,7 @@ impl Assembler {
         let Some(end) = self.closed_end else {
             return Ok(None);
         };
-        if self.batch_rows == 0 && self.emitted_end == Some(end) {
+        if self.batch_rows == 0 && self.emitted_end == Some(end) && !self.snapshot_moved {
             return Ok(None);
         }
         let mut tables = Vec::new();
@@ -459,11 +551,13 @@ impl Assembler {
         }
         self.batch_rows = 0;
         self.batch_opened = None;
+        self.snapshot_moved = false;
         self.emitted_end = Some(end);
         self.last_emit = Instant::now();
         Ok(Some(SourceBatch {
             tables,
             end: Position::Lsn(end),
+            snapshot: self.snapshot_progress.clone(),
         }))
     }
 }
@@ -506,6 +600,29 @@ async fn stream(
         None
     };
     catalog::close(conn).await;
+    // The slot exists (created above when absent) before any snapshot read.
+    let mut snapshotter = if cfg.snapshot {
+        let targets = cfg
+            .tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| SnapshotTarget {
+                table: i,
+                pg: &t.pg,
+                plan_table: &t.plan_table,
+                columns: t
+                    .schema
+                    .columns
+                    .iter()
+                    .map(|c| c.name.name.clone())
+                    .collect(),
+                resume: cfg.resume_snapshots.get(&t.plan_table).cloned(),
+            })
+            .collect();
+        Some(Snapshotter::open(&cfg.uri, targets, cfg.snapshot_chunk_rows).await?)
+    } else {
+        None
+    };
 
     let rcfg = replication_config(&cfg.uri, &cfg.slot, &cfg.publication)?
         .with_start_lsn(Lsn(start))
@@ -557,12 +674,36 @@ async fn stream(
         source_name: cfg.source_name.clone(),
         unacked: Default::default(),
         received: start,
+        chunk: None,
+        window: None,
+        snapshot_progress: snapshotter
+            .as_ref()
+            .map(|s| s.progress())
+            .unwrap_or_default(),
+        snapshot_moved: false,
     };
     let policy = cfg.policy;
     let mut acked_sent = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut caught_up = false;
     loop {
+        // The next snapshot chunk, once the previous window has closed.
+        if let Some(snap) = &mut snapshotter
+            && a.chunk.is_none()
+            && !a.in_tx
+            && !cfg.stop.load(Ordering::Relaxed)
+            && let Some(i) = snap.pending()
+        {
+            let table = snap.tables[i].table;
+            let key = snap.tables[i].key_indexes();
+            a.window = Some(Window {
+                table,
+                key,
+                open: false,
+                touched: Default::default(),
+            });
+            a.chunk = Some(snap.read_chunk(i).await?);
+        }
         let event = tokio::select! {
             ev = client.recv() => Some(ev),
             _ = tick.tick() => None,
@@ -605,6 +746,27 @@ async fn stream(
                         caught_up = true;
                     }
                 }
+                ReplicationEvent::Message {
+                    prefix,
+                    lsn,
+                    content,
+                    ..
+                } if prefix == snapshot::WATERMARK_PREFIX => {
+                    let content = String::from_utf8_lossy(&content);
+                    if let Some(chunk) = &a.chunk {
+                        if content == chunk.low {
+                            if let Some(w) = &mut a.window {
+                                w.open = true;
+                            }
+                        } else if content == chunk.high {
+                            let (chunk, emitted) = a.close_window(lsn.0)?;
+                            let snap = snapshotter.as_mut().expect("a chunk has a snapshotter");
+                            snap.chunk_done(&chunk, emitted);
+                            a.snapshot_progress = snap.progress();
+                            a.snapshot_moved = true;
+                        }
+                    }
+                }
                 ReplicationEvent::Message { prefix, lsn, .. } => {
                     if prefix == CAUGHT_UP_PREFIX && mark.is_some_and(|m| lsn.0 >= m) && !a.in_tx {
                         caught_up = true;
@@ -622,15 +784,18 @@ async fn stream(
         if a.in_tx {
             continue;
         }
+        // Exit only when caught up AND every table is copied.
+        let finished = caught_up && snapshotter.as_ref().is_none_or(|s| s.all_complete());
         let due = policy.should_close(a.batch_rows, a.batch_opened)
-            || (a.batch_rows == 0 && a.last_emit.elapsed() >= policy.max_interval);
-        if (due || caught_up)
+            || (a.batch_rows == 0 && a.last_emit.elapsed() >= policy.max_interval)
+            || (a.snapshot_moved && a.batch_rows == 0);
+        if (due || finished)
             && let Some(batch) = a.take_batch()?
             && tx.send(Ok(batch)).await.is_err()
         {
             break;
         }
-        if caught_up {
+        if finished {
             break;
         }
     }
