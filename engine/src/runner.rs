@@ -147,33 +147,7 @@ pub async fn run(
         })
     };
 
-    // One task per route drives its plan.
-    let ctx = Arc::new(TaskContext::default());
-    let mut route_tasks: JoinSet<(usize, Result<RouteReport, RunError>)> = JoinSet::new();
-    let mut senders: Vec<Option<mpsc::Sender<RouteBatch>>> = Vec::new();
-    let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<(usize, String)>();
-    for (i, route) in plan.routes.iter().enumerate() {
-        senders.push(Some(route.feed.connect(2)));
-        let physical = Arc::clone(&route.physical);
-        let ctx = Arc::clone(&ctx);
-        let name = route.name.clone();
-        let progress = progress_tx.clone();
-        let start = resume[i].as_ref().map(|p| p.to_string());
-        let shutdown = shutdown.clone();
-        route_tasks.spawn(async move {
-            let result = drive_route(physical, ctx, name, i, start, progress).await;
-            if result.is_err() {
-                // A terminal error anywhere stops the whole run.
-                shutdown.trigger();
-            }
-            (i, result)
-        });
-    }
-    drop(progress_tx);
-
-    // Committed positions, for acknowledgements.
-    let committed: Arc<std::sync::Mutex<Vec<Option<Position>>>> =
-        Arc::new(std::sync::Mutex::new(resume.clone()));
+    // Committed positions (for acknowledgements) and which routes ended.
     let kinds: Vec<_> = plan
         .routes
         .iter()
@@ -182,16 +156,30 @@ pub async fn run(
                 .expect("checked")
         })
         .collect();
-    let progress_task = {
+    let committed = Arc::new(Committed::new(resume.clone(), kinds));
+
+    // One task per route drives its plan.
+    let ctx = Arc::new(TaskContext::default());
+    let mut route_tasks: JoinSet<(usize, Result<RouteReport, RunError>)> = JoinSet::new();
+    let mut senders: Vec<Option<mpsc::Sender<RouteBatch>>> = Vec::new();
+    for (i, route) in plan.routes.iter().enumerate() {
+        senders.push(Some(route.feed.connect(2)));
+        let physical = Arc::clone(&route.physical);
+        let ctx = Arc::clone(&ctx);
+        let name = route.name.clone();
         let committed = Arc::clone(&committed);
-        tokio::spawn(async move {
-            while let Some((i, mark)) = progress_rx.recv().await {
-                if let Ok(p) = Position::parse(kinds[i], &CommitMark::position_of(&mark)) {
-                    committed.lock().expect("progress lock")[i] = Some(p);
-                }
+        let start = resume[i].as_ref().map(|p| p.to_string());
+        let shutdown = shutdown.clone();
+        route_tasks.spawn(async move {
+            let result = drive_route(physical, ctx, name, i, start, &committed).await;
+            committed.route_ended(i);
+            if result.is_err() {
+                // A terminal error anywhere stops the whole run.
+                shutdown.trigger();
             }
-        })
-    };
+            (i, result)
+        });
+    }
 
     // One dispatcher per source.
     let mut source_result: Result<(), RunError> = Ok(());
@@ -268,6 +256,7 @@ pub async fn run(
         let shutdown = shutdown.clone();
         let committed = Arc::clone(&committed);
         let name = source.spec.name.name.clone();
+        let my_routes: Vec<usize> = outlets.iter().map(|o| o.route).collect();
         dispatchers.spawn(async move {
             let mut acknowledged: Option<Position> = None;
             let mut source_end: Option<Position> = None;
@@ -307,13 +296,7 @@ pub async fn run(
                         break;
                     }
                     // Acknowledge what every route of this source committed.
-                    let safe = {
-                        let c = committed.lock().expect("progress lock");
-                        let mine: Option<Vec<Position>> =
-                            outlets.iter().map(|o| c[o.route].clone()).collect();
-                        mine.and_then(|m| min_safe(&m).ok().flatten())
-                    };
-                    if let Some(safe) = safe
+                    if let Some(safe) = committed.safe(&my_routes)
                         && acknowledged
                             .as_ref()
                             .is_none_or(|a| safe.partial_cmp(a) == Some(Ordering::Greater))
@@ -337,6 +320,20 @@ pub async fn run(
             // Dropping the senders ends the routes' scans: each route
             // finishes the commit in flight and stops.
             drop(outlets);
+            // Then the last commits are acknowledged, so the source can
+            // release what they cover (a slot's WAL) before the run ends.
+            committed.wait_ended(&my_routes).await;
+            if let Some(safe) = committed.safe(&my_routes)
+                && acknowledged
+                    .as_ref()
+                    .is_none_or(|a| safe.partial_cmp(a) == Some(Ordering::Greater))
+                && let Err(e) = change_source.acknowledge(&safe).await
+            {
+                tracing::warn!(source = %name, error = %e, "the final acknowledgement failed");
+            }
+            if let Err(e) = change_source.close().await {
+                tracing::warn!(source = %name, error = %e, "closing the source");
+            }
             result
         });
     }
@@ -375,7 +372,6 @@ pub async fn run(
             }
         }
     }
-    let _ = progress_task.await;
     stopper.abort();
     if let Some(e) = route_error {
         return Err(e);
@@ -394,6 +390,66 @@ pub async fn run(
             .collect(),
         stopped: shutdown.is_triggered(),
     })
+}
+
+/// What each route has committed, for acknowledgements, and which routes
+/// have ended.
+struct Committed {
+    positions: std::sync::Mutex<Vec<Option<Position>>>,
+    kinds: Vec<crate::position::PositionKind>,
+    ended: Vec<std::sync::atomic::AtomicBool>,
+    changed: tokio::sync::Notify,
+}
+
+impl Committed {
+    fn new(start: Vec<Option<Position>>, kinds: Vec<crate::position::PositionKind>) -> Self {
+        Committed {
+            ended: start
+                .iter()
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
+            positions: std::sync::Mutex::new(start),
+            kinds,
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Route `i` committed `mark`.
+    fn record(&self, i: usize, mark: &str) {
+        if let Ok(p) = Position::parse(self.kinds[i], &CommitMark::position_of(mark)) {
+            self.positions.lock().expect("committed lock")[i] = Some(p);
+        }
+    }
+
+    /// Route `i` will commit nothing more.
+    fn route_ended(&self, i: usize) {
+        self.ended[i].store(true, std::sync::atomic::Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until every route in `routes` has ended.
+    async fn wait_ended(&self, routes: &[usize]) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if routes
+                .iter()
+                .all(|i| self.ended[*i].load(std::sync::atomic::Ordering::SeqCst))
+            {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The position every route in `routes` has committed (`None` while
+    /// one has committed nothing, or when they cannot be folded).
+    fn safe(&self, routes: &[usize]) -> Option<Position> {
+        let c = self.positions.lock().expect("committed lock");
+        let mine: Option<Vec<Position>> = routes.iter().map(|i| c[*i].clone()).collect();
+        mine.and_then(|m| min_safe(&m).ok().flatten())
+    }
 }
 
 /// Where one route's changes go.
@@ -547,7 +603,7 @@ async fn drive_route(
     name: String,
     index: usize,
     start: Option<String>,
-    progress: mpsc::UnboundedSender<(usize, String)>,
+    committed: &Committed,
 ) -> Result<RouteReport, RunError> {
     let mut report = RouteReport {
         name: name.clone(),
@@ -583,7 +639,7 @@ async fn drive_route(
                 deletes,
                 micros as f64 / 1e6,
             );
-            let _ = progress.send((index, position.clone()));
+            committed.record(index, &position);
             report.position = Some(position);
         }
     }

@@ -78,6 +78,12 @@ pub trait ChangeSource: Send {
     /// Every route has committed up to `position`: the source may release
     /// what lies before it (e.g. a replication slot's WAL).
     async fn acknowledge(&mut self, position: &Position) -> Result<(), SourceError>;
+
+    /// The run is over: the source makes sure the last acknowledgement has
+    /// reached its server, then releases its connections.
+    async fn close(&mut self) -> Result<(), SourceError> {
+        Ok(())
+    }
 }
 
 /// Opens a source of a planned kind.

@@ -67,6 +67,12 @@ struct StreamCfg {
 pub struct PgSource {
     rx: mpsc::Receiver<Result<SourceBatch, SourceError>>,
     acked: Arc<AtomicU64>,
+    /// Asks the task to send the last acknowledgement and disconnect; the
+    /// second half says it has.
+    close: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::sync::oneshot::Receiver<()>,
+    )>,
 }
 
 /// Starts the stream task.
@@ -119,13 +125,29 @@ pub fn open(args: OpenArgs<'_>) -> Result<PgSource, SourceError> {
         acked: Arc::clone(&acked),
     };
     let (tx, rx) = mpsc::channel(2);
+    let (close_tx, close_rx) = tokio::sync::oneshot::channel();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+    let acked_final = Arc::clone(&acked);
     tokio::spawn(async move {
-        let failed = tx.clone();
-        if let Err(e) = stream(cfg, tx).await {
-            let _ = failed.send(Err(e)).await;
+        let slot = cfg.slot.clone();
+        match stream(cfg, &tx).await {
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+            }
+            Ok(client) => {
+                // The end of the batches; the session stays for the final
+                // acknowledgement.
+                drop(tx);
+                finish(client, acked_final, close_rx, slot).await;
+            }
         }
+        let _ = closed_tx.send(());
     });
-    Ok(PgSource { rx, acked })
+    Ok(PgSource {
+        rx,
+        acked,
+        close: Some((close_tx, closed_rx)),
+    })
 }
 
 #[async_trait]
@@ -141,6 +163,17 @@ impl ChangeSource for PgSource {
     async fn acknowledge(&mut self, position: &Position) -> Result<(), SourceError> {
         if let Position::Lsn(l) = position {
             self.acked.fetch_max(*l, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<(), SourceError> {
+        if let Some((close, closed)) = self.close.take() {
+            let _ = close.send(());
+            // Batches still queued are not wanted any more: unblock the task.
+            self.rx.close();
+            while self.rx.try_recv().is_ok() {}
+            let _ = tokio::time::timeout(Duration::from_secs(15), closed).await;
         }
         Ok(())
     }
@@ -564,8 +597,8 @@ impl Assembler {
 
 async fn stream(
     cfg: StreamCfg,
-    tx: mpsc::Sender<Result<SourceBatch, SourceError>>,
-) -> Result<(), SourceError> {
+    tx: &mpsc::Sender<Result<SourceBatch, SourceError>>,
+) -> Result<ReplicationClient, SourceError> {
     let mut conn = catalog::connect(&cfg.uri).await.map_err(SourceError::new)?;
     let pg_tables: Vec<PgTable> = cfg.tables.iter().map(|t| t.pg.clone()).collect();
     let prepared = catalog::prepare(
@@ -804,6 +837,48 @@ async fn stream(
     {
         let _ = tx.send(Ok(batch)).await;
     }
+    Ok(client)
+}
+
+/// The stream has ended (caught up or stopped): waits for the runner's
+/// last acknowledgement, sends it to the server, and only then disconnects
+/// — proved by the client's report of what it sent, not by a timer (the
+/// wait is bounded: a server that stops answering is not waited for
+/// forever; the slot then keeps that WAL until the next run).
+async fn finish(
+    mut client: ReplicationClient,
+    acked: Arc<AtomicU64>,
+    close: tokio::sync::oneshot::Receiver<()>,
+    slot: String,
+) {
+    let mut close = close;
+    // Until the runner closes the source, keep the session alive (events
+    // are drained: nothing new is read into batches).
+    loop {
+        tokio::select! {
+            _ = &mut close => break,
+            ev = client.recv() => match ev {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            },
+        }
+    }
+    let target = acked.load(Ordering::SeqCst);
+    if target > 0 {
+        client.update_applied_lsn(Lsn(target));
+        let metrics = client.metrics();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while metrics.last_applied_lsn().0 < target && Instant::now() < deadline {
+            tokio::select! {
+                ev = client.recv() => if !matches!(ev, Ok(Some(_))) { break },
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+        if metrics.last_applied_lsn().0 >= target {
+            tracing::debug!(slot = %slot, acknowledged = %Position::Lsn(target), "final acknowledgement sent");
+        } else {
+            tracing::warn!(slot = %slot, acknowledged = %Position::Lsn(target), "the final acknowledgement was not confirmed sent; the slot keeps that WAL until the next run");
+        }
+    }
     let _ = client.shutdown().await;
-    Ok(())
 }
