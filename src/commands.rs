@@ -41,6 +41,14 @@ async fn load_and_plan(
         }
         Err(diags) => {
             print_diagnostics(&loaded, &diags);
+            if diags.errors().all(|d| d.unavailable) {
+                // Nothing wrong with the file: a server could not be asked.
+                eprintln!(
+                    "{}: cannot plan: a server the pipeline reads could not be asked (see above)",
+                    loaded.path
+                );
+                return Err(FAILED);
+            }
             let errors = diags.errors().count();
             eprintln!(
                 "{}: invalid pipeline ({errors} error{})",

@@ -498,8 +498,9 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
     assert_eq!(read, source_events(&db).await);
 }
 
-/// A bad setting is an invalid pipeline (exit 2) naming what is allowed,
-/// and the URI's password never appears.
+/// A bad setting is an invalid pipeline (exit 2) naming what is allowed;
+/// an unreachable server is a runtime failure (exit 1); the URI's
+/// password never appears.
 #[tokio::test]
 async fn validation_errors_name_the_setting() {
     let dir = tempfile::tempdir().unwrap();
@@ -521,6 +522,25 @@ CREATE TABLE out.items AS SELECT id FROM src.items;
     );
     assert!(err.contains("s.sql:1:"), "{err}");
     assert!(!err.contains("hunter22"), "{err}");
+
+    // A valid pipeline whose server cannot be reached is a runtime failure
+    // (exit 1), not an invalid pipeline; the password stays out of it.
+    std::fs::write(
+        &p,
+        "CREATE SOURCE src FROM postgres WITH (uri = 'postgres://u:hunter22@127.0.0.1:1/db', slot = 's');
+CREATE SINK out INTO debug;
+CREATE TABLE out.items AS SELECT id FROM src.items;
+",
+    )
+    .unwrap();
+    for command in ["validate", "plan"] {
+        let out = urutau(&[command, p.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command}: {err}");
+        assert!(err.contains("connecting to Postgres"), "{err}");
+        assert!(err.contains("cannot plan"), "{err}");
+        assert!(!err.contains("hunter22"), "{err}");
+    }
 }
 
 /// Prefills `items` with `rows` rows (NULLs, unicode, a TOASTed note on

@@ -61,6 +61,9 @@ pub struct Diagnostic {
     pub rule: Option<String>,
     /// What to do about it.
     pub help: Option<String>,
+    /// The pipeline may be fine: a server it needs could not be asked
+    /// (a runtime failure, exit 1, not an invalid pipeline).
+    pub unavailable: bool,
 }
 
 impl Diagnostic {
@@ -72,6 +75,7 @@ impl Diagnostic {
             message: message.into(),
             rule: None,
             help: None,
+            unavailable: false,
         }
     }
 
@@ -81,6 +85,13 @@ impl Diagnostic {
             severity: Severity::Warning,
             ..Diagnostic::error(span, message)
         }
+    }
+
+    /// Marks an error as a server that could not be asked, not a fault
+    /// of the pipeline.
+    pub fn unavailable(mut self) -> Self {
+        self.unavailable = true;
+        self
     }
 
     /// Names the rule the finding is about.

@@ -36,7 +36,7 @@ use crate::functions;
 use crate::logical::{ChangeFilterNode, CollapseNode, OnMiss, SinkNode, extension};
 use crate::options::RedactedOptions;
 use crate::physical::{ChangeFilterExec, ChangeTableProvider, CollapseExec, ScanInfo, SinkExec};
-use crate::registry::{Registry, SourceTableSchema};
+use crate::registry::{Registry, SchemaError, SourceTableSchema};
 use crate::sink::Sink;
 use crate::spec::{PipelineSpec, SourceSpec, WriteMode};
 use crate::target::{ColumnOrigin, TargetTable};
@@ -194,8 +194,12 @@ pub async fn plan_pipeline(
             .await
         {
             Ok(s) => s,
-            Err(e) => {
+            Err(SchemaError::Invalid(e)) => {
                 diags.push(Diagnostic::error(route.source_table.span, e));
+                continue;
+            }
+            Err(SchemaError::Unavailable(e)) => {
+                diags.push(Diagnostic::error(route.source_table.span, e).unavailable());
                 continue;
             }
         };

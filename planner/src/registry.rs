@@ -47,6 +47,19 @@ pub struct SourceTableSchema {
     pub primary_key: Vec<String>,
 }
 
+/// Why a table's schema could not be had.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SchemaError {
+    /// The pipeline names something the source does not have (a missing
+    /// table, an undeclared schema): an invalid pipeline.
+    #[error("{0}")]
+    Invalid(String),
+    /// The source could not be asked (unreachable, refused): a runtime
+    /// failure, not a fault of the pipeline.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
 /// A source kind, as the planner sees it.
 #[async_trait]
 pub trait SourceProvider: Send + Sync {
@@ -59,19 +72,19 @@ pub trait SourceProvider: Send + Sync {
         source: &SourceSpec,
         table: &QualifiedName,
         declared: Option<&SourceTableSpec>,
-    ) -> Result<SourceTableSchema, String> {
+    ) -> Result<SourceTableSchema, SchemaError> {
         let _ = source;
         match declared {
             Some(d) => Ok(SourceTableSchema {
                 columns: d.columns.clone(),
                 primary_key: d.primary_key.iter().map(|k| k.name.clone()).collect(),
             }),
-            None => Err(format!(
+            None => Err(SchemaError::Invalid(format!(
                 "source kind {} carries no schema: declare the table with CREATE TABLE {}.{} (...)",
                 self.def().name,
                 source.name,
                 table
-            )),
+            ))),
         }
     }
 

@@ -6,7 +6,7 @@
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 use urutau_planner::diagnostic::Span;
-use urutau_planner::registry::SourceTableSchema;
+use urutau_planner::registry::{SchemaError, SourceTableSchema};
 use urutau_planner::spec::{ColumnSpec, Ident};
 
 use super::pgtypes::{PgType, PgTypeKind, canonical_type};
@@ -76,7 +76,7 @@ fn redact(text: &str) -> String {
 pub async fn table_schema(
     conn: &mut PgConnection,
     table: &PgTable,
-) -> Result<SourceTableSchema, String> {
+) -> Result<SourceTableSchema, SchemaError> {
     let rows = sqlx::query(
         "SELECT a.attname::text AS name,
                 a.attnotnull AS not_null,
@@ -101,11 +101,11 @@ pub async fn table_schema(
     .bind(&table.name)
     .fetch_all(&mut *conn)
     .await
-    .map_err(|e| format!("reading the columns of {table}: {e}"))?;
+    .map_err(|e| SchemaError::Unavailable(format!("reading the columns of {table}: {e}")))?;
     if rows.is_empty() {
-        return Err(format!(
+        return Err(SchemaError::Invalid(format!(
             "table {table} does not exist in the source database"
-        ));
+        )));
     }
     let mut columns = Vec::with_capacity(rows.len());
     for r in &rows {
@@ -154,7 +154,7 @@ pub async fn table_schema(
     .bind(table.quoted())
     .fetch_all(&mut *conn)
     .await
-    .map_err(|e| format!("reading the primary key of {table}: {e}"))?;
+    .map_err(|e| SchemaError::Unavailable(format!("reading the primary key of {table}: {e}")))?;
     Ok(SourceTableSchema {
         columns,
         primary_key: keys.iter().map(|r| r.get::<String, _>("name")).collect(),

@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use urutau_planner::options::{OptionDef, OptionType};
-use urutau_planner::registry::{SourceKindDef, SourceProvider, SourceTableSchema};
+use urutau_planner::registry::{SchemaError, SourceKindDef, SourceProvider, SourceTableSchema};
 use urutau_planner::spec::{QualifiedName, SourceSpec, SourceTableSpec};
 
 use super::{ChangeSource, OpenArgs, SourceError};
@@ -124,10 +124,12 @@ impl SourceProvider for PostgresSourceProvider {
         source: &SourceSpec,
         table: &QualifiedName,
         _declared: Option<&SourceTableSpec>,
-    ) -> Result<SourceTableSchema, String> {
-        let t = PgTable::from_parts(&table.parts)?;
+    ) -> Result<SourceTableSchema, SchemaError> {
+        let t = PgTable::from_parts(&table.parts).map_err(SchemaError::Invalid)?;
         let uri = source.options.get("uri").unwrap_or_default();
-        let mut conn = catalog::connect(uri).await?;
+        let mut conn = catalog::connect(uri)
+            .await
+            .map_err(SchemaError::Unavailable)?;
         let schema = catalog::table_schema(&mut conn, &t).await;
         catalog::close(conn).await;
         schema
