@@ -377,7 +377,7 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
     std::fs::write(
         &yaml,
         format!(
-            "pipeline: pg\nbatching: {{maxRows: 200, maxInterval: 200ms}}\nsource:\n  name: src\n  kind: postgres\n  uri: {uri}\n  slotName: urutau_test\n  snapshot: none\nsink:\n  name: lake\n  type: iceberg+sql\n  uri: sqlite://{d}/catalog.db\n  warehouse: {d}/wh\n  namespace: pg\ntables:\n  - source: public.items\n    target: items\n    primaryKey: [id]\n  - source: events\n    target: events\n    primaryKey: [id]\n",
+            "pipeline: pg\nbatching: {{maxRows: 200, maxInterval: 200ms}}\nsource:\n  name: src\n  kind: postgres\n  uri: {uri}\n  slotName: urutau_test\n  snapshotMode: none\nsink:\n  name: lake\n  type: iceberg+sql\n  uri: sqlite://{d}/catalog.db\n  warehouse: {d}/wh\n  namespace: pg\ntables:\n  - source: public.items\n    target: items\n    primaryKey: [id]\n  - source: events\n    target: events\n    primaryKey: [id]\n",
             uri = pg.uri(),
             d = dir.path().display()
         ),

@@ -83,7 +83,10 @@ pub struct CommitMark {
 impl CommitMark {
     /// Splits a mark's text (a plain position is a mark without progress).
     pub fn parse(text: &str) -> CommitMark {
-        if let Some(at) = text.rfind(SNAPSHOT_TAG) {
+        // The first tag whose remainder is a valid progress: a key value
+        // may contain the tag, and so may a file name (then followed by
+        // an offset, which is no progress).
+        for (at, _) in text.match_indices(SNAPSHOT_TAG) {
             let rest = &text[at + SNAPSHOT_TAG.len()..];
             let (state, bounds) = match rest.split_once(':') {
                 Some((s, b)) => (s, Some(b)),
