@@ -20,6 +20,8 @@
 //! PostgreSQL documentation. All integers are big-endian; strings are
 //! NUL-terminated.
 
+use std::fmt;
+
 use bytes::Bytes;
 
 /// One column of a Relation message.
@@ -329,29 +331,44 @@ fn relation(r: &mut Reader<'_>) -> Result<Relation, DecodeError> {
 
 /// A TupleData: a column count, then one tagged value per column.
 fn tuple(r: &mut Reader<'_>, which: &str) -> Result<Tuple, DecodeError> {
-    let count = r.u16(&format!("{which} column count"))?;
+    // Labels are formatted only when an error needs them (this is the
+    // per-row path).
+    let count = r.u16(format_args!("{which} column count"))?;
     // Each cell takes at least its tag byte.
     let mut cells = Vec::with_capacity(usize::from(count).min(r.remaining()));
     for i in 0..count {
-        let what = || format!("{which} column {i}");
-        let cell = match r.u8(&format!("{} tag", what()))? {
+        let what = ColumnLabel { which, i };
+        let cell = match r.u8(format_args!("{what} tag"))? {
             b'n' => Cell::Null,
             b'u' => Cell::Unchanged,
             b't' => {
-                let len = r.len(&format!("{} length", what()))?;
-                Cell::Text(r.bytes(len, &format!("{} text value", what()))?)
+                let len = r.len(format_args!("{what} length"))?;
+                Cell::Text(r.bytes(len, format_args!("{what} text value"))?)
             }
             b'b' => {
-                let len = r.len(&format!("{} length", what()))?;
-                Cell::Binary(r.bytes(len, &format!("{} binary value", what()))?)
+                let len = r.len(format_args!("{what} length"))?;
+                Cell::Binary(r.bytes(len, format_args!("{what} binary value"))?)
             }
             other => {
-                return Err(r.bad_tag(other, &format!("{} tag 'n', 'u', 't' or 'b'", what())));
+                return Err(r.bad_tag(other, &format!("{what} tag 'n', 'u', 't' or 'b'")));
             }
         };
         cells.push(cell);
     }
     Ok(Tuple(cells))
+}
+
+/// "new tuple column 3", for errors.
+#[derive(Clone, Copy)]
+struct ColumnLabel<'a> {
+    which: &'a str,
+    i: u16,
+}
+
+impl fmt::Display for ColumnLabel<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} column {}", self.which, self.i)
+    }
 }
 
 /// A bounds-checked big-endian cursor over one message.
@@ -381,7 +398,7 @@ impl Reader<'_> {
     }
 
     /// The next `n` bytes, advancing past them.
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], DecodeError> {
+    fn take(&mut self, n: usize, what: impl fmt::Display + Copy) -> Result<&[u8], DecodeError> {
         if n > self.remaining() {
             return Err(self.err(format!(
                 "truncated: expected {what} ({n} bytes) at offset {}, {} bytes left",
@@ -394,39 +411,42 @@ impl Reader<'_> {
         Ok(&self.data[start..self.pos])
     }
 
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], DecodeError> {
+    fn array<const N: usize>(
+        &mut self,
+        what: impl fmt::Display + Copy,
+    ) -> Result<[u8; N], DecodeError> {
         let slice = self.take(N, what)?;
         let mut out = [0u8; N];
         out.copy_from_slice(slice);
         Ok(out)
     }
 
-    fn u8(&mut self, what: &str) -> Result<u8, DecodeError> {
+    fn u8(&mut self, what: impl fmt::Display + Copy) -> Result<u8, DecodeError> {
         Ok(self.array::<1>(what)?[0])
     }
 
-    fn u16(&mut self, what: &str) -> Result<u16, DecodeError> {
+    fn u16(&mut self, what: impl fmt::Display + Copy) -> Result<u16, DecodeError> {
         Ok(u16::from_be_bytes(self.array(what)?))
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32, DecodeError> {
+    fn u32(&mut self, what: impl fmt::Display + Copy) -> Result<u32, DecodeError> {
         Ok(u32::from_be_bytes(self.array(what)?))
     }
 
-    fn i32(&mut self, what: &str) -> Result<i32, DecodeError> {
+    fn i32(&mut self, what: impl fmt::Display + Copy) -> Result<i32, DecodeError> {
         Ok(i32::from_be_bytes(self.array(what)?))
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64, DecodeError> {
+    fn u64(&mut self, what: impl fmt::Display + Copy) -> Result<u64, DecodeError> {
         Ok(u64::from_be_bytes(self.array(what)?))
     }
 
-    fn i64(&mut self, what: &str) -> Result<i64, DecodeError> {
+    fn i64(&mut self, what: impl fmt::Display + Copy) -> Result<i64, DecodeError> {
         Ok(i64::from_be_bytes(self.array(what)?))
     }
 
     /// An Int32 byte length, which must not be negative.
-    fn len(&mut self, what: &str) -> Result<usize, DecodeError> {
+    fn len(&mut self, what: impl fmt::Display + Copy) -> Result<usize, DecodeError> {
         let at = self.pos;
         let len = self.i32(what)?;
         usize::try_from(len).map_err(|_| {
@@ -437,14 +457,14 @@ impl Reader<'_> {
     }
 
     /// The next `n` bytes as a zero-copy slice of the input.
-    fn bytes(&mut self, n: usize, what: &str) -> Result<Bytes, DecodeError> {
+    fn bytes(&mut self, n: usize, what: impl fmt::Display + Copy) -> Result<Bytes, DecodeError> {
         let start = self.pos;
         self.take(n, what)?;
         Ok(self.data.slice(start..self.pos))
     }
 
     /// A NUL-terminated UTF-8 string.
-    fn string(&mut self, what: &str) -> Result<String, DecodeError> {
+    fn string(&mut self, what: impl fmt::Display + Copy) -> Result<String, DecodeError> {
         let start = self.pos;
         let rest = &self.data[start..];
         let Some(nul) = rest.iter().position(|&b| b == 0) else {

@@ -101,7 +101,8 @@ pub fn encode_key<'a>(values: impl IntoIterator<Item = Option<&'a [u8]>>) -> Vec
 
 /// Reads the chunks.
 pub struct Snapshotter {
-    conn: PgConnection,
+    /// The snapshot session (closed once every table is copied).
+    conn: Option<PgConnection>,
     pub tables: Vec<TableSnapshot>,
     chunk_rows: usize,
     run: String,
@@ -216,7 +217,7 @@ impl Snapshotter {
             publish(t, false);
         }
         Ok(Snapshotter {
-            conn,
+            conn: Some(conn),
             tables,
             chunk_rows: chunk_rows.max(1),
             run: uuid::Uuid::new_v4().simple().to_string(),
@@ -280,17 +281,22 @@ impl Snapshotter {
         );
         let key_indexes = t.key_indexes();
         let pg = t.pg.clone();
-        emit(&mut self.conn, &low).await?;
+        let Some(conn) = &mut self.conn else {
+            return Err(SourceError::new(format!(
+                "internal: a chunk of {pg} was asked for after the snapshot session closed"
+            )));
+        };
+        emit(conn, &low).await?;
         // The simple query protocol: values arrive as text, produced by the
         // same output functions pgoutput uses.
-        let result = Executor::fetch_all(&mut self.conn, sqlx::raw_sql(&sql))
+        let result = Executor::fetch_all(&mut *conn, sqlx::raw_sql(&sql))
             .await
             .map_err(|e| SourceError::new(format!("reading a snapshot chunk of {pg}: {e}")))?;
         if let Some(pause) = self.window_pause {
             // Tests widen the window so live changes land inside it.
             tokio::time::sleep(pause).await;
         }
-        emit(&mut self.conn, &high).await?;
+        emit(conn, &high).await?;
         let mut rows = Vec::with_capacity(result.len());
         let mut keys = Vec::with_capacity(result.len());
         for r in &result {
@@ -352,6 +358,15 @@ impl Snapshotter {
         publish(t, self.terminal);
         if t.progress.is_complete() {
             tracing::info!(table = %t.pg, rows = t.copied, "initial snapshot complete");
+        }
+    }
+
+    /// Closes the snapshot session once every table is copied.
+    pub async fn release_when_complete(&mut self) {
+        if self.all_complete()
+            && let Some(conn) = self.conn.take()
+        {
+            catalog::close(conn).await;
         }
     }
 }

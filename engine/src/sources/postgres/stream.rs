@@ -797,6 +797,7 @@ async fn stream(
                             snap.chunk_done(&chunk, emitted);
                             a.snapshot_progress = snap.progress();
                             a.snapshot_moved = true;
+                            snap.release_when_complete().await;
                         }
                     }
                 }
