@@ -361,15 +361,9 @@ async fn assert_items_equal(
 /// end; DuckDB reads both tables equal to Postgres, row for row.
 #[tokio::test]
 async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
-    let Some(python) = common::harness_python() else {
+    let Some((python, dir, pg, db)) = start().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let Some(pg) = common::Postgres::start(&dir.path().join("pg")) else {
-        return;
-    };
-    let db = pool(&pg).await;
-    db.execute(SCHEMA).await.unwrap();
     let p = pipeline(dir.path(), &pg);
     // The Go engine's YAML means the same pipeline (`kind: postgres`,
     // `slotName`): identical plans, schemas read from the catalog.
@@ -473,16 +467,7 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
         child.wait().unwrap();
         kills += 1;
         // The slot never runs ahead of what the sink committed.
-        let flushed = confirmed_flush(&db).await;
-        if let (Some(items), Some(events)) = (
-            committed(dir.path(), "items").await,
-            committed(dir.path(), "events").await,
-        ) {
-            assert!(
-                flushed <= items.min(events),
-                "confirmed_flush_lsn {flushed:X} is ahead of the sink (items {items:X}, events {events:X})"
-            );
-        }
+        assert_slot_not_ahead(&db, dir.path()).await;
     }
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
@@ -583,15 +568,9 @@ async fn prefill(db: &PgPool, rows: i64) {
 /// `snapshot` with no commit time.
 #[tokio::test]
 async fn snapshot_of_100k_rows_with_a_concurrent_writer_survives_kill_9() {
-    let Some(python) = common::harness_python() else {
+    let Some((python, dir, pg, db)) = start().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let Some(pg) = common::Postgres::start(&dir.path().join("pg")) else {
-        return;
-    };
-    let db = pool(&pg).await;
-    db.execute(SCHEMA).await.unwrap();
     const ROWS: i64 = 100_000;
     prefill(&db, ROWS).await;
     let p = dir.path().join("snap.sql");
@@ -679,16 +658,7 @@ CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
         );
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        let flushed = confirmed_flush(&db).await;
-        if let (Some(items), Some(events)) = (
-            committed(dir.path(), "items").await,
-            committed(dir.path(), "events").await,
-        ) {
-            assert!(
-                flushed <= items.min(events),
-                "confirmed_flush_lsn {flushed:X} is ahead of the sink (items {items:X}, events {events:X})"
-            );
-        }
+        assert_slot_not_ahead(&db, dir.path()).await;
         let state = property(dir.path(), "items", "cdc.snapshot.state").await;
         let bounds = property(dir.path(), "items", "cdc.snapshot.bounds").await;
         eprintln!("kill {kill}: items snapshot {state:?} after {bounds:?}");
@@ -740,6 +710,33 @@ CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
         source_events(&db).await
     );
     assert_final_acknowledgement(&db, dir.path()).await;
+}
+
+/// The slot's `confirmed_flush_lsn` is not ahead of what both tables
+/// committed (checked after every kill).
+async fn assert_slot_not_ahead(db: &PgPool, dir: &Path) {
+    let flushed = confirmed_flush(db).await;
+    if let (Some(items), Some(events)) = (
+        committed(dir, "items").await,
+        committed(dir, "events").await,
+    ) {
+        assert!(
+            flushed <= items.min(events),
+            "confirmed_flush_lsn {flushed:X} is ahead of the sink (items {items:X}, events {events:X})"
+        );
+    }
+}
+
+/// DuckDB's harness, a work directory, a started server and a pool on it
+/// with the schema created (`None`: skipped locally, with the reason
+/// printed).
+async fn start() -> Option<(PathBuf, tempfile::TempDir, common::Postgres, PgPool)> {
+    let python = common::harness_python()?;
+    let dir = tempfile::tempdir().unwrap();
+    let pg = common::Postgres::start(&dir.path().join("pg"))?;
+    let db = pool(&pg).await;
+    db.execute(SCHEMA).await.unwrap();
+    Some((python, dir, pg, db))
 }
 
 /// After a run to the end, the slot is acknowledged exactly up to what
