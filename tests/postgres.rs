@@ -414,12 +414,7 @@ async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
     let mut rng = StdRng::seed_from_u64(5);
     let mut kills = 0;
     while kills < 5 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
+        let addr = free_addr();
         let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
             .args([
                 "run",
@@ -599,12 +594,7 @@ CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
     let mut rng = StdRng::seed_from_u64(11);
     let mut states = Vec::new();
     for kill in 0..5 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
+        let addr = free_addr();
         let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
             .args(["run", p.to_str().unwrap(), "--log-level", "warn"])
             .args(["--metrics-addr", &addr])
@@ -710,6 +700,12 @@ CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
         source_events(&db).await
     );
     assert_final_acknowledgement(&db, dir.path()).await;
+}
+
+/// A local address nothing listens on (for `--metrics-addr`).
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
 }
 
 /// The slot's `confirmed_flush_lsn` is not ahead of what both tables
