@@ -22,9 +22,7 @@ use arrow::array::{RecordBatch, StringArray, UInt8Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use clickhouse::Client;
 use clickhouse_ext_arrow::ArrowClientExt;
-use support::{generate, peak_rss_mib, registry, table_batches};
-use urutau_engine::{RunOptions, Shutdown};
-use urutau_planner::plan::plan_pipeline;
+use support::{generate, peak_rss_mib, table_batches};
 
 /// Where the server is, and the front process to stop when we started it.
 struct Server {
@@ -192,20 +190,8 @@ fn main() {
         password = server.password,
         columns = support::COLUMNS
     );
-    let spec = urutau_sql::parse_pipeline_sql(&text, "bench", &|_| None).unwrap();
     let started = Instant::now();
-    let report = runtime.block_on(async {
-        let plan = plan_pipeline(spec, &registry()).await.unwrap();
-        urutau_engine::run(
-            &plan,
-            RunOptions {
-                exit_when_caught_up: true,
-            },
-            Shutdown::new(),
-        )
-        .await
-        .unwrap()
-    });
+    let report = runtime.block_on(support::run_to_end(&text));
     let secs = started.elapsed().as_secs_f64();
     let rate = changes as f64 / secs;
     let route = &report.routes[0];

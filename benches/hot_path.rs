@@ -10,9 +10,7 @@ mod support;
 
 use std::time::Instant;
 
-use support::{generate, peak_rss_mib, registry};
-use urutau_engine::{RunOptions, Shutdown};
-use urutau_planner::plan::plan_pipeline;
+use support::{generate, peak_rss_mib};
 use urutau_sinks::memory::MemoryStore;
 
 fn main() {
@@ -65,20 +63,8 @@ fn main() {
              FROM s.t;",
             path.display()
         );
-        let spec = urutau_sql::parse_pipeline_sql(&text, "bench", &|_| None).unwrap();
         let started = Instant::now();
-        let report = runtime.block_on(async {
-            let plan = plan_pipeline(spec, &registry()).await.unwrap();
-            urutau_engine::run(
-                &plan,
-                RunOptions {
-                    exit_when_caught_up: true,
-                },
-                Shutdown::new(),
-            )
-            .await
-            .unwrap()
-        });
+        let report = runtime.block_on(support::run_to_end(&text));
         let secs = started.elapsed().as_secs_f64();
         let live = MemoryStore::named(&store).row_count("t").unwrap();
         if let Some(expected) = expected_live {

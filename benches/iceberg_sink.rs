@@ -22,7 +22,6 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use support::{generate, peak_rss_mib, registry, table_batches};
-use urutau_engine::{RunOptions, Shutdown};
 use urutau_planner::plan::plan_pipeline;
 
 /// The ceiling: the rows written as one Parquet file, rows/s.
@@ -78,24 +77,12 @@ fn main() {
         d = dir.path().display(),
         columns = support::COLUMNS
     );
-    let spec = urutau_sql::parse_pipeline_sql(&text, "bench", &|_| None).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     let started = Instant::now();
-    let report = runtime.block_on(async {
-        let plan = plan_pipeline(spec, &registry()).await.unwrap();
-        urutau_engine::run(
-            &plan,
-            RunOptions {
-                exit_when_caught_up: true,
-            },
-            Shutdown::new(),
-        )
-        .await
-        .unwrap()
-    });
+    let report = runtime.block_on(support::run_to_end(&text));
     let secs = started.elapsed().as_secs_f64();
     let rate = changes as f64 / secs;
     let route = &report.routes[0];

@@ -16,9 +16,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use sqlx::Executor;
-use support::{peak_rss_mib, registry};
-use urutau_engine::{RunOptions, Shutdown};
-use urutau_planner::plan::plan_pipeline;
+use support::peak_rss_mib;
 
 /// A server for the bench, stopped when dropped.
 struct Server {
@@ -77,20 +75,6 @@ fn pg_bin(name: &str) -> PathBuf {
     found.pop().unwrap_or_else(|| PathBuf::from(name))
 }
 
-async fn run_pipeline(text: &str) -> urutau_engine::RunReport {
-    let spec = urutau_sql::parse_pipeline_sql(text, "bench", &|_| None).unwrap();
-    let plan = plan_pipeline(spec, &registry()).await.unwrap();
-    urutau_engine::run(
-        &plan,
-        RunOptions {
-            exit_when_caught_up: true,
-        },
-        Shutdown::new(),
-    )
-    .await
-    .unwrap()
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("postgres_source: benchmark");
@@ -139,7 +123,7 @@ fn main() {
         .unwrap();
         // The pipeline's slot and publication (first run), then the
         // ceiling's slot on the same publication.
-        run_pipeline(&text).await;
+        support::run_to_end(&text).await;
         db.execute("SELECT pg_create_logical_replication_slot('ceiling', 'pgoutput')")
             .await
             .unwrap();
@@ -196,7 +180,7 @@ fn main() {
 
     let rss_before = peak_rss_mib();
     let started = Instant::now();
-    let report = runtime.block_on(run_pipeline(&text));
+    let report = runtime.block_on(support::run_to_end(&text));
     let secs = started.elapsed().as_secs_f64();
     let rate = updates as f64 / secs;
     let route = &report.routes[0];

@@ -5,9 +5,11 @@
 
 mod common;
 
+use common::{run_to_end, urutau};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use common::ClickHouse;
@@ -15,23 +17,6 @@ use common::workload::{COLUMNS, Row, differences, workload, write_lines};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-
-fn urutau(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_urutau"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn run_to_end(pipeline: &Path) -> Output {
-    let out = urutau(&["run", pipeline.to_str().unwrap(), "--exit-when-caught-up"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// The position the run resumed its only route from (`None`: from the
 /// beginning).

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::run_to_end;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -128,18 +130,6 @@ CREATE TABLE lake.items WITH (write_mode = '{mode}') AS SELECT * FROM src.items;
     let p = dir.join("p.sql");
     std::fs::write(&p, text).unwrap();
     p
-}
-
-fn run_to_end(pipeline: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_urutau"))
-        .args(["run", pipeline.to_str().unwrap(), "--exit-when-caught-up"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn expected_rows(state: &BTreeMap<i64, Row>) -> Vec<Value> {

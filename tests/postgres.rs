@@ -4,9 +4,11 @@
 
 mod common;
 
+use common::{run_to_end, urutau};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -16,23 +18,6 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Executor, Row};
-
-fn urutau(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_urutau"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn run_to_end(p: &Path) -> Output {
-    let out = urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 async fn pool(pg: &common::Postgres) -> PgPool {
     PgPoolOptions::new()

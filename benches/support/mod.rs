@@ -23,6 +23,24 @@ pub fn registry() -> Registry {
     r
 }
 
+/// Plans a pipeline's SQL and runs it until it has caught up: the run
+/// every bench times.
+pub async fn run_to_end(text: &str) -> urutau_engine::RunReport {
+    let spec = urutau_sql::parse_pipeline_sql(text, "bench", &|_| None).unwrap();
+    let plan = urutau_planner::plan::plan_pipeline(spec, &registry())
+        .await
+        .unwrap();
+    urutau_engine::run(
+        &plan,
+        urutau_engine::RunOptions {
+            exit_when_caught_up: true,
+        },
+        urutau_engine::Shutdown::new(),
+    )
+    .await
+    .unwrap()
+}
+
 /// The declared columns of the benchmark table (7 columns).
 pub const COLUMNS: &str =
     "id BIGINT NOT NULL, customer_id BIGINT, amount DECIMAL(12,2), status VARCHAR,

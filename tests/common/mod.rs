@@ -9,6 +9,25 @@ use urutau_planner::diagnostic::Diagnostics;
 use urutau_planner::plan::{PipelinePlan, plan_pipeline};
 use urutau_planner::registry::Registry;
 
+/// Runs the `urutau` binary with `args`.
+pub fn urutau(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `urutau run PIPELINE --exit-when-caught-up`, which must succeed.
+pub fn run_to_end(pipeline: &std::path::Path) -> std::process::Output {
+    let out = urutau(&["run", pipeline.to_str().unwrap(), "--exit-when-caught-up"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// A script of the test harness (tests/harness/).
 pub fn harness_script(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

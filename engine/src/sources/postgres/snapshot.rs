@@ -145,13 +145,7 @@ impl Snapshotter {
         .map_err(|e| SourceError::new(format!("setting up the snapshot session: {e}")))?;
         let mut tables = Vec::new();
         for t in targets {
-            let progress = match t.resume {
-                Some(SnapshotProgress::Complete) => SnapshotProgress::Complete,
-                Some(SnapshotProgress::InProgress { after }) => {
-                    SnapshotProgress::InProgress { after }
-                }
-                _ => SnapshotProgress::NotStarted,
-            };
+            let progress = t.resume.unwrap_or(SnapshotProgress::NotStarted);
             let key_rows = sqlx::query(
                 "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type_name
                  FROM pg_index i
@@ -410,12 +404,14 @@ fn publish(t: &TableSnapshot, terminal: bool) {
     }
 }
 
-/// The keys of a chunk's table that live changes touched inside the
-/// window, collected by the stream between the watermarks.
-#[derive(Debug, Default)]
+/// A chunk waiting for its high watermark, and the keys of its table that
+/// live changes touched inside the window, collected by the stream between
+/// the watermarks.
 pub struct Window {
+    pub chunk: Chunk,
     /// The stream's index of the chunk's table.
     pub table: usize,
+    /// The schema indexes of the table's key columns.
     pub key: Vec<usize>,
     /// The low watermark went by: changes now count.
     pub open: bool,

@@ -310,9 +310,8 @@ struct Assembler {
     unacked: std::collections::VecDeque<(u64, i64)>,
     /// The newest WAL position the server reported.
     received: u64,
-    /// The snapshot chunk waiting for its high watermark, and the keys the
-    /// stream changed inside its window.
-    chunk: Option<Chunk>,
+    /// The snapshot chunk waiting for its high watermark, with the keys
+    /// the stream changed inside its window.
     window: Option<Window>,
     /// Each snapshotted table's progress as of the rows built so far.
     snapshot_progress: Vec<(Vec<String>, urutau_planner::progress::SnapshotProgress)>,
@@ -453,8 +452,11 @@ impl Assembler {
     /// The stream reached a chunk's high watermark at `lsn`: emits the
     /// chunk's rows no live change in the window touched.
     fn close_window(&mut self, lsn: u64) -> Result<(Chunk, usize), SourceError> {
-        let chunk = self.chunk.take().expect("a window has a chunk");
-        let window = self.window.take().expect("a chunk has a window");
+        let window = self
+            .window
+            .take()
+            .expect("a high watermark closes an open window");
+        let chunk = window.chunk;
         let b = &mut self.builders[window.table];
         let mut emitted = 0usize;
         for (row, key) in chunk.rows.iter().zip(&chunk.keys) {
@@ -707,7 +709,6 @@ async fn stream(
         source_name: cfg.source_name.clone(),
         unacked: Default::default(),
         received: start,
-        chunk: None,
         window: None,
         snapshot_progress: snapshotter
             .as_ref()
@@ -722,20 +723,20 @@ async fn stream(
     loop {
         // The next snapshot chunk, once the previous window has closed.
         if let Some(snap) = &mut snapshotter
-            && a.chunk.is_none()
+            && a.window.is_none()
             && !a.in_tx
             && !cfg.stop.load(Ordering::Relaxed)
             && let Some(i) = snap.pending()
         {
-            let table = snap.tables[i].table;
-            let key = snap.tables[i].key_indexes();
+            // No stream event is handled while the chunk is read, so the
+            // window starts watching from the low watermark on.
             a.window = Some(Window {
-                table,
-                key,
+                table: snap.tables[i].table,
+                key: snap.tables[i].key_indexes(),
+                chunk: snap.read_chunk(i).await?,
                 open: false,
                 touched: Default::default(),
             });
-            a.chunk = Some(snap.read_chunk(i).await?);
         }
         let event = tokio::select! {
             ev = client.recv() => Some(ev),
@@ -786,12 +787,10 @@ async fn stream(
                     ..
                 } if prefix == snapshot::WATERMARK_PREFIX => {
                     let content = String::from_utf8_lossy(&content);
-                    if let Some(chunk) = &a.chunk {
-                        if content == chunk.low {
-                            if let Some(w) = &mut a.window {
-                                w.open = true;
-                            }
-                        } else if content == chunk.high {
+                    if let Some(w) = &mut a.window {
+                        if content == w.chunk.low {
+                            w.open = true;
+                        } else if content == w.chunk.high {
                             let (chunk, emitted) = a.close_window(lsn.0)?;
                             let snap = snapshotter.as_mut().expect("a chunk has a snapshotter");
                             snap.chunk_done(&chunk, emitted);
