@@ -24,20 +24,27 @@ use parquet::file::properties::WriterProperties;
 use support::{generate, peak_rss_mib, registry, table_batches};
 use urutau_planner::plan::plan_pipeline;
 
-/// The ceiling: the rows written as one Parquet file, rows/s.
+/// The ceiling: the rows written as one Parquet file, rows/s; the best of
+/// three tries (a single try moves with the machine's noise, and the best
+/// one is the hardest ceiling to be measured against).
 fn parquet_ceiling(path: &std::path::Path, batches: &[RecordBatch]) -> f64 {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .build();
-    let started = Instant::now();
-    let file = std::fs::File::create(path).unwrap();
-    let mut w = ArrowWriter::try_new(file, batches[0].schema(), Some(props)).unwrap();
-    for b in batches {
-        w.write(b).unwrap();
-    }
-    w.close().unwrap();
-    rows as f64 / started.elapsed().as_secs_f64()
+    (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            let file = std::fs::File::create(path).unwrap();
+            let mut w =
+                ArrowWriter::try_new(file, batches[0].schema(), Some(props.clone())).unwrap();
+            for b in batches {
+                w.write(b).unwrap();
+            }
+            w.close().unwrap();
+            rows as f64 / started.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max)
 }
 
 fn main() {

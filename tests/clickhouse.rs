@@ -9,13 +9,9 @@ use common::{run_to_end, urutau};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
 
 use common::ClickHouse;
 use common::workload::{COLUMNS, Row, differences, workload, write_lines};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 /// The position the run resumed its only route from (`None`: from the
@@ -95,43 +91,6 @@ fn expected_rows(state: &BTreeMap<i64, Row>) -> Vec<Value> {
     state.values().map(expected).collect()
 }
 
-/// Kills the pipeline with SIGKILL at random moments, `kills` times.
-fn kill_9_runs(p: &Path, seed: u64, kills: usize) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let (mut done, mut runs) = (0, 0);
-    while done < kills && runs < 40 {
-        runs += 1;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
-            .args([
-                "run",
-                p.to_str().unwrap(),
-                "--exit-when-caught-up",
-                "--log-level",
-                "warn",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(rng.random_range(40..400)));
-        match child.try_wait().unwrap() {
-            None => {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                done += 1;
-            }
-            Some(status) => {
-                assert!(status.success(), "a run between kills failed: {status}");
-                break;
-            }
-        }
-    }
-    assert!(
-        done >= kills,
-        "the pipeline finished before it could be killed {kills} times ({done})"
-    );
-}
-
 fn count(rows: &[Value]) -> u64 {
     rows[0]["n"].as_u64().unwrap()
 }
@@ -159,7 +118,7 @@ async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
         "write_mode = 'upsert'",
         150,
     );
-    kill_9_runs(&p, 99, 5);
+    common::kill_9_runs(&p, 99, 5, 40..400);
     run_to_end(&p);
 
     let read = ch
@@ -246,7 +205,7 @@ async fn append_records_every_change_exactly_once_across_kill_9() {
         "write_mode = 'append'",
         150,
     );
-    kill_9_runs(&p, 5, 3);
+    common::kill_9_runs(&p, 5, 3, 40..400);
     run_to_end(&p);
     let deletes = lines.iter().filter(|l| l.contains("\"op\":\"d\"")).count();
     let got = ch

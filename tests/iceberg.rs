@@ -10,11 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::workload::{COLUMNS, Row, differences, workload, write_lines};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 /// Where a test's Iceberg tables live.
@@ -141,12 +138,9 @@ fn metadata_json(location: &str) -> Value {
         .unwrap()
 }
 
-#[tokio::test]
-async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
+/// The README's quickstart pipeline, one change per commit, into the SQLite
+/// catalog `db` and a warehouse in `dir`.
+fn quickstart_pipeline(dir: &Path, db: &Path) -> PathBuf {
     let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/shop.jsonl");
     let text = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart.sql"),
@@ -159,15 +153,27 @@ async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
     .replace("examples/data/shop.jsonl", shop.to_str().unwrap())
     .replace(
         "sqlite://warehouse/catalog.db",
-        &format!("sqlite://{}/catalog.db", dir.path().display()),
+        &format!("sqlite://{}", db.display()),
     )
     .replace(
         "warehouse = 'warehouse'",
-        &format!("warehouse = '{}/wh'", dir.path().display()),
+        &format!("warehouse = '{}/wh'", dir.display()),
     );
-    let p = dir.path().join("quickstart.sql");
+    let p = dir.join("quickstart.sql");
     std::fs::write(&p, text).unwrap();
-    run_to_end(&p);
+    p
+}
+
+#[tokio::test]
+async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    run_to_end(&quickstart_pipeline(
+        dir.path(),
+        &dir.path().join("catalog.db"),
+    ));
     let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "bronze", "orders")
         .await
         .expect("the catalog holds the table");
@@ -199,6 +205,54 @@ async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
     assert_eq!(md["partition-specs"].as_array().unwrap().len(), 2);
 }
 
+async fn journal_mode(db: &Path) -> String {
+    use sqlx::Row;
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let mode: String = sqlx::query("PRAGMA journal_mode")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .get(0);
+    pool.close().await;
+    mode
+}
+
+/// A catalog file urutau creates syncs one write-ahead log per commit
+/// (not the rollback journal's four syncs); a catalog file that already
+/// exists keeps the journal mode its owner chose.
+#[tokio::test]
+async fn a_created_catalog_uses_wal_and_an_existing_one_keeps_its_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let created = dir.path().join("created.db");
+    run_to_end(&quickstart_pipeline(dir.path(), &created));
+    assert_eq!(journal_mode(&created).await, "wal");
+
+    let existing = dir.path().join("existing.db");
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&format!("sqlite://{}?mode=rwc", existing.display()))
+        .await
+        .unwrap();
+    sqlx::query("PRAGMA journal_mode = DELETE")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE kept (x INTEGER)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let other = tempfile::tempdir().unwrap();
+    run_to_end(&quickstart_pipeline(other.path(), &existing));
+    assert_eq!(journal_mode(&existing).await, "delete");
+    let loc = common::catalog_metadata_location(&existing, "bronze", "orders").await;
+    assert!(loc.is_some(), "the existing catalog holds the new table");
+}
+
 /// The acceptance suite: a seeded random change stream (50k changes over
 /// 5k keys), the pipeline killed with SIGKILL at random moments five times,
 /// then run to the end; DuckDB's read equals the oracle.
@@ -208,37 +262,7 @@ async fn random_changes_with_kill_9(python: &Path, dir: &Path, catalog: &Catalog
     write_lines(&data, &lines);
     let p = pipeline(dir, &data, "upsert", 150, catalog);
 
-    // Kill the pipeline at random moments at least five times.
-    let mut rng = StdRng::seed_from_u64(99);
-    let mut kills = 0;
-    let mut runs = 0;
-    while kills < 5 && runs < 40 {
-        runs += 1;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
-            .args([
-                "run",
-                p.to_str().unwrap(),
-                "--exit-when-caught-up",
-                "--log-level",
-                "warn",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(rng.random_range(60..700)));
-        if child.try_wait().unwrap().is_none() {
-            child.kill().unwrap(); // SIGKILL
-            child.wait().unwrap();
-            kills += 1;
-        } else {
-            break;
-        }
-    }
-    assert!(
-        kills >= 5,
-        "the pipeline finished before it could be killed five times ({kills})"
-    );
+    common::kill_9_runs(&p, 99, 5, 60..700);
 
     run_to_end(&p);
     let loc = catalog.location("bronze.items").await;

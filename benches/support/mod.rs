@@ -105,6 +105,9 @@ pub fn generate(path: &std::path::Path, changes: usize) -> (u64, usize) {
         n += 1;
     }
     out.flush().unwrap();
+    // On disk before anything is timed: otherwise the write-back of the
+    // input competes with the run's own writes and syncs.
+    out.get_ref().sync_all().unwrap();
     (
         std::fs::metadata(path).unwrap().len(),
         live.iter().filter(|l| l.is_some()).count(),

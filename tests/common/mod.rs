@@ -17,6 +17,54 @@ pub fn urutau(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Starts `urutau run PIPELINE --exit-when-caught-up` and SIGKILLs it after
+/// a pause drawn from `pause_ms` (seeded), until it has been killed `kills`
+/// times; a run that ends by itself before that must have succeeded, and
+/// fails the test (it was not killed often enough).
+pub fn kill_9_runs(
+    pipeline: &std::path::Path,
+    seed: u64,
+    kills: usize,
+    pause_ms: std::ops::Range<u64>,
+) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut done, mut runs) = (0, 0);
+    while done < kills && runs < 40 {
+        runs += 1;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
+            .args([
+                "run",
+                pipeline.to_str().unwrap(),
+                "--exit-when-caught-up",
+                "--log-level",
+                "warn",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(
+            rng.random_range(pause_ms.clone()),
+        ));
+        match child.try_wait().unwrap() {
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                done += 1;
+            }
+            Some(status) => {
+                assert!(status.success(), "a run between kills failed: {status}");
+                break;
+            }
+        }
+    }
+    assert!(
+        done >= kills,
+        "the pipeline finished before it could be killed {kills} times ({done})"
+    );
+}
+
 /// `urutau run PIPELINE --exit-when-caught-up`, which must succeed.
 pub fn run_to_end(pipeline: &std::path::Path) -> std::process::Output {
     let out = urutau(&["run", pipeline.to_str().unwrap(), "--exit-when-caught-up"]);

@@ -7,6 +7,7 @@
 
 mod catalog;
 pub mod commit;
+mod durable;
 mod files;
 pub mod schema;
 
@@ -354,7 +355,7 @@ impl IcebergSink {
                 .add_partition_spec(UnboundPartitionSpec::builder().build())
                 .and_then(|b| b.build())
                 .map_err(io_error("adding an unpartitioned spec"))?;
-            match self.conn().await?.commit(&table, result).await {
+            match self.conn().await?.commit(&table, result, &[]).await {
                 Outcome::Committed(t) => table = t,
                 Outcome::Conflict | Outcome::Unknown(_) => {
                     // Reloading shows whether it landed; the loop checks.
@@ -380,6 +381,12 @@ impl IcebergSink {
         let conn = self.conn().await?;
         let mut table = state.table.clone();
         let mut last_error = None;
+        let added: Vec<String> = delta
+            .data_files
+            .iter()
+            .chain(&delta.delete_files)
+            .map(|f| f.file_path().to_string())
+            .collect();
         for attempt in 0..COMMIT_TRIES {
             if attempt > 0 {
                 tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt - 1)).await;
@@ -394,7 +401,7 @@ impl IcebergSink {
             } else {
                 commit::build_row_delta(&table, delta).await?
             };
-            let outcome = match conn.commit(&table, result).await {
+            let outcome = match conn.commit(&table, result, &added).await {
                 Outcome::Committed(_) if faults::take_lost_response() => Outcome::Unknown(
                     SinkError::Io("the catalog's response was lost (injected fault)".into()),
                 ),
@@ -522,6 +529,7 @@ impl Sink for IcebergSink {
             return self.commit_with_retries(&mut s, &delta, true).await;
         }
         let rows = conform_by_name(&batch.rows, &s.arrow).map_err(SinkError::Rejected)?;
+        let mut deletes = None;
         let data = match target.mode {
             WriteMode::Upsert => {
                 let keep = not(&batch.deletes).map_err(io_error("selecting rows"))?;
@@ -532,18 +540,23 @@ impl Sink for IcebergSink {
                     .collect();
                 let keys = RecordBatch::try_new(schema::key_schema(&s.arrow, &s.key_indices), keys)
                     .map_err(io_error("the key columns"))?;
-                delta.delete_files = files::write_equality_deletes(
-                    &s.table,
-                    keys,
-                    &s.key_ids,
-                    s.delete_spec.spec_id(),
-                )
-                .await?;
+                // The delete file is encoded on another worker while this
+                // one encodes the data files.
+                let (table, key_ids, spec_id) =
+                    (s.table.clone(), s.key_ids.clone(), s.delete_spec.spec_id());
+                deletes = Some(tokio::spawn(async move {
+                    files::write_equality_deletes(&table, keys, &key_ids, spec_id).await
+                }));
                 filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?
             }
             WriteMode::Append | WriteMode::AppendIdempotent => rows,
         };
         delta.data_files = files::write_data(&s.table, data).await?;
+        if let Some(task) = deletes {
+            delta.delete_files = task
+                .await
+                .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))??;
+        }
         self.commit_with_retries(&mut s, &delta, false).await
     }
 }

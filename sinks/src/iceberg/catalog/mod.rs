@@ -52,9 +52,16 @@ impl Conn {
     }
 
     /// Commits `result` (built on `table`) if `table` is still current.
-    pub async fn commit(&self, table: &Table, result: TableMetadataBuildResult) -> Outcome {
+    /// `added` are the data and delete files the commit adds (a local
+    /// warehouse makes their directory entries durable before the swap).
+    pub async fn commit(
+        &self,
+        table: &Table,
+        result: TableMetadataBuildResult,
+        added: &[String],
+    ) -> Outcome {
         match self {
-            Conn::Sql(c) => c.commit(table, result).await,
+            Conn::Sql(c) => c.commit(table, result, added).await,
             Conn::Rest(c) => c.commit(table, result).await,
         }
     }
