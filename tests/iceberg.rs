@@ -320,6 +320,89 @@ async fn random_changes_with_kill_9_through_a_rest_catalog_on_s3() {
     random_changes_with_kill_9(&python, dir.path(), &Catalog::Rest(&server)).await;
 }
 
+/// Snapshot expiry: a run of many commits with expiry after every commit
+/// (interval 0s, max age 0s, keep the newest 3) ends with exactly the 3
+/// newest snapshots, the current one among them; DuckDB reads the oracle's
+/// state; the position property is intact and a re-run resumes from it
+/// (no new snapshot). On a local warehouse the expired snapshots' manifest
+/// lists are gone from disk.
+async fn snapshot_expiry(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
+    let data = dir.join("changes.jsonl");
+    let (lines, state) = workload(31, 3_000, 500);
+    write_lines(&data, &lines);
+    let p = pipeline(dir, &data, "upsert", 100, catalog);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "namespace = 'bronze'",
+        "namespace = 'bronze', maintenance_enabled = true,
+  maintenance_snapshot_expiry_interval = '0s', maintenance_snapshot_expiry_retain_last = 3,
+  maintenance_snapshot_expiry_max_age = '0s'",
+    );
+    std::fs::write(&p, text).unwrap();
+    let out = run_to_end(&p);
+    let log = String::from_utf8_lossy(&out.stderr);
+
+    let md = catalog.metadata("bronze.items").await;
+    let snapshots = md["snapshots"].as_array().unwrap();
+    assert_eq!(snapshots.len(), 3, "the newest 3 are kept\n{log}");
+    let current = md["current-snapshot-id"].as_i64().unwrap();
+    assert!(snapshots.iter().any(|s| s["snapshot-id"] == current));
+    // The kept ones are a chain ending at the current snapshot.
+    let mut id = Some(current);
+    for _ in 0..3 {
+        let s = snapshots
+            .iter()
+            .find(|s| s["snapshot-id"].as_i64() == id)
+            .expect("the branch's newest snapshots are kept");
+        assert!(s["summary"]["cdc.position"].is_string());
+        id = s["parent-snapshot-id"].as_i64();
+    }
+    let history = md["snapshot-log"].as_array().unwrap();
+    assert!(history.len() <= 3, "the history lists only kept snapshots");
+    let end = std::fs::metadata(&data).unwrap().len().to_string();
+    assert_eq!(md["properties"]["cdc.position"], end.as_str());
+
+    if let Catalog::Sql(d) = catalog {
+        let lists = std::fs::read_dir(d.join("warehouse/bronze/items/metadata"))
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                let name = name.to_str().unwrap();
+                name.starts_with("snap-") && name.ends_with(".avro")
+            })
+            .count();
+        assert_eq!(lists, 3, "expired manifest lists are deleted");
+    }
+
+    let read = catalog.rows(python, "bronze.items", "id").await;
+    let problems = differences(&read, &expected_rows(&state));
+    assert!(problems.is_empty(), "{problems:#?}");
+
+    // A re-run over committed input resumes from the property: nothing new.
+    run_to_end(&p);
+    let again = catalog.metadata("bronze.items").await;
+    assert_eq!(again["current-snapshot-id"].as_i64(), Some(current));
+    assert_eq!(again["snapshots"].as_array().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn snapshot_expiry_keeps_the_newest_snapshots_and_the_position() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    snapshot_expiry(&python, dir.path(), &Catalog::Sql(dir.path())).await;
+}
+
+#[tokio::test]
+async fn snapshot_expiry_through_a_rest_catalog_on_s3() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
+    snapshot_expiry(&python, dir.path(), &Catalog::Rest(&server)).await;
+}
+
 async fn append_once(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
     let data = dir.join("changes.jsonl");
     let (lines, _) = workload(7, 2_000, 300);

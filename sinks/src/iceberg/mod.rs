@@ -9,12 +9,13 @@ mod catalog;
 pub mod commit;
 mod durable;
 mod files;
+pub mod maintenance;
 pub mod schema;
 
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::compute::{filter_record_batch, not};
@@ -33,6 +34,7 @@ use urutau_planner::target::TargetTable;
 
 use catalog::{Conn, Outcome, RestCatalogConn, RestConfig, SqlCatalogConn};
 use commit::RowDelta;
+use maintenance::Maintenance;
 
 /// Maps an error of the iceberg crate (or any other) into a sink error with
 /// what was being done.
@@ -235,11 +237,7 @@ impl SinkProvider for IcebergSinkProvider {
             uri: get("uri").unwrap_or_default(),
             warehouse: get("warehouse").unwrap_or_else(|| "warehouse".into()),
             catalog_name: get("catalog_name").unwrap_or_else(|| spec.name.name.clone()),
-            maintenance: spec
-                .options
-                .entries
-                .iter()
-                .any(|e| e.name == "maintenance_enabled" && e.value.text == "true"),
+            maintenance: Maintenance::from_options(get).map_err(SinkError::Unavailable)?,
             conn: OnceCell::new(),
             tables: Mutex::new(HashMap::new()),
         }))
@@ -258,6 +256,8 @@ struct TableState {
     /// The spec equality deletes are written with (unpartitioned, so they
     /// apply in every partition).
     delete_spec: PartitionSpecRef,
+    /// When snapshot expiry last ran on this table (never: due).
+    last_expiry: Option<Instant>,
 }
 
 /// The Iceberg sink.
@@ -268,7 +268,7 @@ pub struct IcebergSink {
     uri: String,
     warehouse: String,
     catalog_name: String,
-    maintenance: bool,
+    maintenance: Maintenance,
     conn: OnceCell<Conn>,
     tables: Mutex<HashMap<String, Arc<Mutex<TableState>>>>,
 }
@@ -287,12 +287,6 @@ fn ident_of(target: &TargetTable) -> Result<TableIdent, SinkError> {
 
 impl IcebergSink {
     async fn conn(&self) -> Result<&Conn, SinkError> {
-        if self.maintenance {
-            return Err(SinkError::Unavailable(format!(
-                "sink `{}`: table maintenance is not in this build yet; remove the maintenance settings rather than have them silently not run",
-                self.name
-            )));
-        }
         self.conn
             .get_or_try_init(|| async {
                 if self.catalog == "rest" {
@@ -328,6 +322,64 @@ impl IcebergSink {
             .load(ident)
             .await?
             .ok_or_else(|| SinkError::Io(format!("table {ident} no longer exists in the catalog")))
+    }
+
+    /// Runs snapshot expiry on the table when configured and due, right
+    /// after one of its commits (see [`maintenance`]). A failed pass is
+    /// logged and retried at its next turn: maintenance never stops the
+    /// replication.
+    async fn expire_snapshots_when_due(&self, state: &mut TableState) {
+        let Some(policy) = &self.maintenance.expiry else {
+            return;
+        };
+        if state
+            .last_expiry
+            .is_some_and(|t| t.elapsed() < policy.interval)
+        {
+            return;
+        }
+        state.last_expiry = Some(Instant::now());
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let ids = maintenance::expired_snapshots(state.table.metadata(), policy, now_ms);
+        if ids.is_empty() {
+            return;
+        }
+        let lists = maintenance::manifest_lists(state.table.metadata(), &ids);
+        let outcome = match maintenance::build_expiry(&state.table, &ids) {
+            Ok(result) => match self.conn().await {
+                Ok(conn) => conn.commit(&state.table, result, &[]).await,
+                Err(e) => Outcome::Unknown(e),
+            },
+            Err(e) => Outcome::Unknown(e),
+        };
+        match outcome {
+            Outcome::Committed(t) => {
+                state.table = t;
+                let io = state.table.file_io().clone();
+                let mut deleted = 0;
+                for list in &lists {
+                    match io.delete(list).await {
+                        Ok(()) => deleted += 1,
+                        Err(e) => {
+                            tracing::warn!(table = %state.ident, file = %list, error = %e, "snapshot expiry: cannot delete a manifest list")
+                        }
+                    }
+                }
+                tracing::info!(table = %state.ident, snapshots = ids.len(), manifest_lists = deleted, "snapshot expiry: expired snapshots");
+            }
+            Outcome::Conflict | Outcome::Unknown(_) => {
+                if let Outcome::Unknown(e) = outcome {
+                    tracing::warn!(table = %state.ident, error = %e, "snapshot expiry failed; next turn");
+                } else {
+                    tracing::info!(table = %state.ident, "snapshot expiry: another writer committed first; next turn");
+                }
+                // The next commit starts from what the catalog holds (the
+                // expiry may have landed even though its answer was lost).
+                if let Ok(t) = self.reload(&state.ident).await {
+                    state.table = t;
+                }
+            }
+        }
     }
 
     /// Adds an unpartitioned spec to a partitioned table (for global
@@ -495,6 +547,7 @@ impl Sink for IcebergSink {
                 key_indices,
                 key_ids,
                 delete_spec,
+                last_expiry: None,
             })),
         );
         Ok(())
@@ -557,7 +610,9 @@ impl Sink for IcebergSink {
                 .await
                 .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))??;
         }
-        self.commit_with_retries(&mut s, &delta, false).await
+        self.commit_with_retries(&mut s, &delta, false).await?;
+        self.expire_snapshots_when_due(&mut s).await;
+        Ok(())
     }
 }
 
