@@ -217,7 +217,10 @@ fn validate_rejects_with_location_and_rule() {
     check_invalid(
         &f,
         "3:13",
-        &["compaction is not in this build", "snapshot expiry is"],
+        &[
+            "compaction is not in this build",
+            "snapshot expiry and orphan cleanup are",
+        ],
     );
     let f = write(
         d,
@@ -227,6 +230,15 @@ fn validate_rejects_with_location_and_rule() {
         ),
     );
     check_invalid(&f, "3:13", &["no maintenance is configured"]);
+
+    let f = write(
+        d,
+        "orphans.sql",
+        &format!(
+            "{SOURCE}CREATE SINK lake INTO iceberg WITH (catalog = 'rest', uri = 'http://127.0.0.1:1', warehouse = 'w', namespace = 'b',\n  maintenance_enabled = true, maintenance_orphan_cleanup_older_than = '72h');\nCREATE TABLE lake.o AS SELECT id FROM events.orders;\n"
+        ),
+    );
+    check_invalid(&f, "3:13", &["orphan cleanup needs a local warehouse"]);
 
     let f = write(
         d,

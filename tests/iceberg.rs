@@ -403,6 +403,89 @@ async fn snapshot_expiry_through_a_rest_catalog_on_s3() {
     snapshot_expiry(&python, dir.path(), &Catalog::Rest(&server)).await;
 }
 
+/// Orphan cleanup (interval 0s, files older than 1h): after a second run,
+/// old files nothing references are gone from `data/` and `metadata/`; a
+/// young stray file and an old file the table references are kept; DuckDB
+/// still reads the oracle's state.
+#[tokio::test]
+async fn orphan_cleanup_removes_old_unreferenced_files_only() {
+    use std::io::Write;
+    use std::time::{Duration, SystemTime};
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = Catalog::Sql(dir.path());
+    let data = dir.path().join("changes.jsonl");
+    let (lines, state) = workload(41, 3_000, 500);
+    write_lines(&data, &lines[..2_000]);
+    let p = pipeline(dir.path(), &data, "upsert", 100, &catalog);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "namespace = 'bronze'",
+        "namespace = 'bronze', maintenance_enabled = true,
+  maintenance_orphan_cleanup_interval = '0s', maintenance_orphan_cleanup_older_than = '1h'",
+    );
+    std::fs::write(&p, text).unwrap();
+    run_to_end(&p);
+
+    let table = dir.path().join("warehouse/bronze/items");
+    let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+    let age = |path: &Path| {
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+    };
+    let old_strays = [
+        table.join("data/stray-old.parquet"),
+        table.join("metadata/stray-old.avro"),
+        table.join("metadata/99999-stray.metadata.json"),
+    ];
+    for f in &old_strays {
+        std::fs::write(f, "not referenced").unwrap();
+        age(f);
+    }
+    let young_stray = table.join("data/stray-young.parquet");
+    std::fs::write(&young_stray, "not referenced, but maybe not committed yet").unwrap();
+    // An old file the table references (every snapshot is kept: no expiry).
+    let referenced = std::fs::read_dir(table.join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("data-")
+        })
+        .expect("a data file");
+    age(&referenced);
+
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&data)
+        .unwrap();
+    for l in &lines[2_000..] {
+        writeln!(f, "{l}").unwrap();
+    }
+    drop(f);
+    run_to_end(&p);
+
+    for f in &old_strays {
+        assert!(!f.exists(), "{} is an old orphan", f.display());
+    }
+    assert!(
+        young_stray.exists(),
+        "a young file may belong to a commit in flight"
+    );
+    assert!(referenced.exists(), "a referenced file is never an orphan");
+    let read = catalog.rows(&python, "bronze.items", "id").await;
+    let problems = differences(&read, &expected_rows(&state));
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
 async fn append_once(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
     let data = dir.join("changes.jsonl");
     let (lines, _) = workload(7, 2_000, 300);

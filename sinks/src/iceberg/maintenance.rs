@@ -1,4 +1,4 @@
-//! Table maintenance, in process: snapshot expiry.
+//! Table maintenance, in process: snapshot expiry and orphan cleanup.
 //!
 //! Every batch is a snapshot, so a long-running pipeline's table metadata
 //! (which lists every snapshot) and its manifest lists grow without bound:
@@ -10,8 +10,9 @@
 //! spec's collapsed mode), so the pass runs in the sink, right after one of
 //! the table's commits and under the same per-table lock: it never races
 //! that table's commits, and a conflict with another writer just skips the
-//! pass until its next turn. Compaction and orphan cleanup are not in this
-//! build; configuring them is an error, never a silent no-op.
+//! pass until its next turn. Expiry runs before orphan cleanup, so the
+//! files expiry dereferences are cleaned in the same turn. Compaction is
+//! not in this build; configuring it is an error, never a silent no-op.
 //!
 //! What expires: a snapshot no branch or tag points at, not among the
 //! newest `retain_last` of the main branch, and older than `max_age`. The
@@ -22,15 +23,26 @@
 //! carries the table's live manifests forward, so they are still
 //! referenced; files only an expired snapshot referenced (off the branch,
 //! after a rollback) are orphan cleanup's work.
+//!
+//! Orphan cleanup: files under the table's `data/` and `metadata/`
+//! directories that no metadata file, manifest list or manifest of the
+//! table references (a commit that lost a conflict, metadata files that
+//! fell out of the metadata log, files of expired snapshots), and that are
+//! older than `older_than` — the window that protects a file another
+//! writer has written but not committed yet. A directory holding a table
+//! of its own (a `metadata/` with a metadata file) is never entered. Local
+//! warehouses only in this build: the storage layer lists no object store.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use iceberg::spec::{TableMetadata, TableMetadataBuildResult};
 use iceberg::table::Table;
 use urutau_planner::options::parse_duration;
 use urutau_planner::sink::SinkError;
 
+use super::durable::local_path;
 use super::{commit, io_error};
 
 /// The maintenance a sink's options ask for.
@@ -38,6 +50,17 @@ use super::{commit, io_error};
 pub struct Maintenance {
     /// Snapshot expiry, when configured.
     pub expiry: Option<SnapshotExpiry>,
+    /// Orphan cleanup, when configured.
+    pub orphans: Option<OrphanCleanup>,
+}
+
+/// How orphan files are removed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrphanCleanup {
+    /// Time between passes over one table.
+    pub interval: Duration,
+    /// Only files last modified longer ago than this are orphans.
+    pub older_than: Duration,
 }
 
 /// How snapshots expire.
@@ -55,7 +78,8 @@ impl Maintenance {
     /// Reads the `maintenance_*` options (`get` returns an option's text).
     /// Nothing runs unless `maintenance_enabled = true`; then each
     /// sub-block runs only when one of its settings is given (the others
-    /// take the defaults: every 10m, keep the newest 1, expire after 7d).
+    /// take the defaults: expiry every 10m, keep the newest 1, expire after
+    /// 7d; orphan cleanup every 1h, of files older than 72h).
     pub fn from_options(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         if get("maintenance_enabled").as_deref() != Some("true") {
             return Ok(Maintenance::default());
@@ -72,19 +96,15 @@ impl Maintenance {
             .iter()
             .any(|s| get(&format!("maintenance_{prefix}_{s}")).is_some())
         };
-        for (prefix, what) in [
-            ("compaction", "compaction"),
-            ("orphan_cleanup", "orphan cleanup"),
-        ] {
-            if given(prefix) {
-                return Err(format!(
-                    "table maintenance: {what} is not in this build (snapshot expiry is); remove the maintenance_{prefix}_* settings rather than have them silently not run"
-                ));
-            }
-        }
-        if !given("snapshot_expiry") {
+        if given("compaction") {
             return Err(
-                "maintenance_enabled = true but no maintenance is configured; set maintenance_snapshot_expiry_* (compaction and orphan cleanup are not in this build)"
+                "table maintenance: compaction is not in this build (snapshot expiry and orphan cleanup are); remove the maintenance_compaction_* settings rather than have them silently not run"
+                    .to_string(),
+            );
+        }
+        if !given("snapshot_expiry") && !given("orphan_cleanup") {
+            return Err(
+                "maintenance_enabled = true but no maintenance is configured; set maintenance_snapshot_expiry_* or maintenance_orphan_cleanup_* (compaction is not in this build)"
                     .to_string(),
             );
         }
@@ -102,8 +122,9 @@ impl Maintenance {
                 })?,
             None => 1,
         };
-        Ok(Maintenance {
-            expiry: Some(SnapshotExpiry {
+        let expiry = match given("snapshot_expiry") {
+            false => None,
+            true => Some(SnapshotExpiry {
                 interval: duration(
                     "maintenance_snapshot_expiry_interval",
                     Duration::from_secs(600),
@@ -114,7 +135,21 @@ impl Maintenance {
                     Duration::from_secs(7 * 86_400),
                 )?,
             }),
-        })
+        };
+        let orphans = match given("orphan_cleanup") {
+            false => None,
+            true => Some(OrphanCleanup {
+                interval: duration(
+                    "maintenance_orphan_cleanup_interval",
+                    Duration::from_secs(3600),
+                )?,
+                older_than: duration(
+                    "maintenance_orphan_cleanup_older_than",
+                    Duration::from_secs(72 * 3600),
+                )?,
+            }),
+        };
+        Ok(Maintenance { expiry, orphans })
     }
 }
 
@@ -174,6 +209,101 @@ pub fn manifest_lists(md: &TableMetadata, ids: &[i64]) -> Vec<String> {
         .collect()
 }
 
+/// Every file the table's metadata references, as local paths: the current
+/// metadata file and those in the metadata log, statistics files, and per
+/// snapshot its
+/// manifest list, the manifests in it and every file those list (whatever
+/// the entry's status: keeping too much is safe, too little is not).
+pub async fn referenced_files(table: &Table) -> Result<HashSet<PathBuf>, SinkError> {
+    let err = io_error("listing the table's files");
+    let md = table.metadata();
+    let mut paths: Vec<String> = md
+        .metadata_log()
+        .iter()
+        .map(|m| m.metadata_file.clone())
+        .collect();
+    paths.push(table.metadata_location_result().map_err(&err)?.to_string());
+    // Statistics another engine may have written beside the metadata.
+    paths.extend(md.statistics_iter().map(|s| s.statistics_path.clone()));
+    paths.extend(
+        md.partition_statistics_iter()
+            .map(|s| s.statistics_path.clone()),
+    );
+    let mut manifests = HashSet::new();
+    for snapshot in md.snapshots() {
+        paths.push(snapshot.manifest_list().to_string());
+        let list = table
+            .manifest_list_reader(snapshot)
+            .load()
+            .await
+            .map_err(&err)?;
+        for m in list.entries() {
+            if manifests.insert(m.manifest_path.clone()) {
+                let manifest = m.load_manifest(table.file_io()).await.map_err(&err)?;
+                paths.extend(manifest.entries().iter().map(|e| e.file_path().to_string()));
+            }
+        }
+    }
+    paths.extend(manifests);
+    paths
+        .iter()
+        .map(|p| {
+            local_path(p).ok_or_else(|| {
+                SinkError::Io(format!(
+                    "orphan cleanup needs a local warehouse; the table references {p}"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Files under `table_dir`'s `data/` and `metadata/` that `referenced`
+/// does not hold and that were last modified before `cutoff`.
+pub fn orphan_files(
+    table_dir: &Path,
+    referenced: &HashSet<PathBuf>,
+    cutoff: SystemTime,
+) -> Result<Vec<PathBuf>, SinkError> {
+    let mut found = Vec::new();
+    let mut pending: Vec<PathBuf> = ["data", "metadata"]
+        .iter()
+        .map(|d| table_dir.join(d))
+        .filter(|d| d.is_dir())
+        .collect();
+    while let Some(dir) = pending.pop() {
+        let read = |e: std::io::Error| SinkError::Io(format!("listing {}: {e}", dir.display()));
+        for entry in std::fs::read_dir(&dir).map_err(read)? {
+            let entry = entry.map_err(read)?;
+            let path = entry.path();
+            let meta = entry.metadata().map_err(read)?;
+            if meta.is_dir() {
+                if !holds_a_table(&path) {
+                    pending.push(path);
+                }
+            } else if meta.is_file()
+                && !referenced.contains(&path)
+                && meta.modified().map_err(read)? < cutoff
+            {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Whether `dir` is another table's root (a `metadata/` directory with a
+/// metadata file in it): never cleaned as part of this table.
+fn holds_a_table(dir: &Path) -> bool {
+    std::fs::read_dir(dir.join("metadata")).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.ends_with(".metadata.json"))
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,14 +339,64 @@ mod tests {
                 max_age: Duration::from_secs(3600),
             })
         );
+        assert_eq!(m.orphans, None);
+        let m = Maintenance::from_options(options(&[
+            ("maintenance_enabled", "true"),
+            ("maintenance_orphan_cleanup_older_than", "1h"),
+        ]))
+        .unwrap();
+        assert_eq!(m.expiry, None);
+        assert_eq!(
+            m.orphans,
+            Some(OrphanCleanup {
+                interval: Duration::from_secs(3600),
+                older_than: Duration::from_secs(3600),
+            })
+        );
+    }
+
+    #[test]
+    fn orphans_are_unreferenced_old_files_outside_other_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        for d in ["data/day=1", "metadata", "data/nested/metadata", "other"] {
+            std::fs::create_dir_all(t.join(d)).unwrap();
+        }
+        let files = [
+            "data/day=1/kept.parquet",
+            "data/day=1/stray.parquet",
+            "metadata/v1.metadata.json",
+            "metadata/stray.avro",
+            "data/nested/metadata/v1.metadata.json",
+            "data/nested/x.parquet",
+            "other/stray.parquet",
+        ];
+        for f in files {
+            std::fs::write(t.join(f), "x").unwrap();
+        }
+        let referenced: HashSet<PathBuf> = ["data/day=1/kept.parquet", "metadata/v1.metadata.json"]
+            .iter()
+            .map(|f| t.join(f))
+            .collect();
+        let later = SystemTime::now() + Duration::from_secs(60);
+        assert_eq!(
+            orphan_files(t, &referenced, later).unwrap(),
+            vec![
+                t.join("data/day=1/stray.parquet"),
+                t.join("metadata/stray.avro")
+            ],
+            "unreferenced files in data/ and metadata/, never another table's"
+        );
+        let earlier = SystemTime::now() - Duration::from_secs(60);
+        assert!(
+            orphan_files(t, &referenced, earlier).unwrap().is_empty(),
+            "young files are kept"
+        );
     }
 
     #[test]
     fn what_this_build_cannot_run_is_an_error() {
-        for key in [
-            "maintenance_compaction_interval",
-            "maintenance_orphan_cleanup_older_than",
-        ] {
+        for key in ["maintenance_compaction_interval"] {
             let e = Maintenance::from_options(options(&[
                 ("maintenance_enabled", "true"),
                 ("maintenance_snapshot_expiry_interval", "1m"),

@@ -237,7 +237,16 @@ impl SinkProvider for IcebergSinkProvider {
             uri: get("uri").unwrap_or_default(),
             warehouse: get("warehouse").unwrap_or_else(|| "warehouse".into()),
             catalog_name: get("catalog_name").unwrap_or_else(|| spec.name.name.clone()),
-            maintenance: Maintenance::from_options(get).map_err(SinkError::Unavailable)?,
+            maintenance: {
+                let m = Maintenance::from_options(get).map_err(SinkError::Unavailable)?;
+                if m.orphans.is_some() && get("catalog").as_deref() == Some("rest") {
+                    return Err(SinkError::Unavailable(
+                        "table maintenance: orphan cleanup needs a local warehouse (the SQL catalog) in this build; remove the maintenance_orphan_cleanup_* settings"
+                            .to_string(),
+                    ));
+                }
+                m
+            },
             conn: OnceCell::new(),
             tables: Mutex::new(HashMap::new()),
         }))
@@ -258,6 +267,8 @@ struct TableState {
     delete_spec: PartitionSpecRef,
     /// When snapshot expiry last ran on this table (never: due).
     last_expiry: Option<Instant>,
+    /// When orphan cleanup last ran on this table (never: due).
+    last_orphan_cleanup: Option<Instant>,
 }
 
 /// The Iceberg sink.
@@ -324,6 +335,13 @@ impl IcebergSink {
             .ok_or_else(|| SinkError::Io(format!("table {ident} no longer exists in the catalog")))
     }
 
+    /// Table maintenance that is due, after one of the table's commits, in
+    /// the spec's order: expiry, then orphan cleanup.
+    async fn maintain(&self, state: &mut TableState) {
+        self.expire_snapshots_when_due(state).await;
+        self.clean_orphans_when_due(state).await;
+    }
+
     /// Runs snapshot expiry on the table when configured and due, right
     /// after one of its commits (see [`maintenance`]). A failed pass is
     /// logged and retried at its next turn: maintenance never stops the
@@ -378,6 +396,62 @@ impl IcebergSink {
                 if let Ok(t) = self.reload(&state.ident).await {
                     state.table = t;
                 }
+            }
+        }
+    }
+
+    /// Runs orphan cleanup on the table when configured and due (see
+    /// [`maintenance`]); like expiry, a failed pass is logged and retried
+    /// at its next turn.
+    async fn clean_orphans_when_due(&self, state: &mut TableState) {
+        let Some(policy) = &self.maintenance.orphans else {
+            return;
+        };
+        if state
+            .last_orphan_cleanup
+            .is_some_and(|t| t.elapsed() < policy.interval)
+        {
+            return;
+        }
+        state.last_orphan_cleanup = Some(Instant::now());
+        let Some(table_dir) = durable::local_path(state.table.metadata().location()) else {
+            tracing::warn!(table = %state.ident, "orphan cleanup: the table is not on a local warehouse; skipped");
+            return;
+        };
+        let referenced = match maintenance::referenced_files(&state.table).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(table = %state.ident, error = %e, "orphan cleanup failed; next turn");
+                return;
+            }
+        };
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(policy.older_than)
+            .unwrap_or(std::time::UNIX_EPOCH);
+        let ident = state.ident.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let orphans = maintenance::orphan_files(&table_dir, &referenced, cutoff)?;
+            let mut removed = 0;
+            for f in &orphans {
+                match std::fs::remove_file(f) {
+                    Ok(()) => removed += 1,
+                    Err(e) => {
+                        tracing::warn!(table = %ident, file = %f.display(), error = %e, "orphan cleanup: cannot remove a file")
+                    }
+                }
+            }
+            Ok::<_, SinkError>(removed)
+        })
+        .await;
+        match done {
+            Ok(Ok(removed)) => {
+                tracing::info!(table = %state.ident, files = removed, "orphan cleanup: removed unreferenced files")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(table = %state.ident, error = %e, "orphan cleanup failed; next turn")
+            }
+            Err(e) => {
+                tracing::warn!(table = %state.ident, error = %e, "orphan cleanup failed; next turn")
             }
         }
     }
@@ -548,6 +622,7 @@ impl Sink for IcebergSink {
                 key_ids,
                 delete_spec,
                 last_expiry: None,
+                last_orphan_cleanup: None,
             })),
         );
         Ok(())
@@ -579,7 +654,9 @@ impl Sink for IcebergSink {
             if commit::committed_position(s.table.metadata()).as_deref() == Some(position) {
                 return Ok(());
             }
-            return self.commit_with_retries(&mut s, &delta, true).await;
+            self.commit_with_retries(&mut s, &delta, true).await?;
+            self.maintain(&mut s).await;
+            return Ok(());
         }
         let rows = conform_by_name(&batch.rows, &s.arrow).map_err(SinkError::Rejected)?;
         let mut deletes = None;
@@ -611,7 +688,7 @@ impl Sink for IcebergSink {
                 .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))??;
         }
         self.commit_with_retries(&mut s, &delta, false).await?;
-        self.expire_snapshots_when_due(&mut s).await;
+        self.maintain(&mut s).await;
         Ok(())
     }
 }
