@@ -138,27 +138,41 @@ fn metadata_json(location: &str) -> Value {
         .unwrap()
 }
 
+/// `text` with `from` replaced by `to`; `from` must be there (a test edit
+/// that silently matches nothing would test something else).
+fn edit(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "`{from}` is not in:\n{text}");
+    text.replace(from, to)
+}
+
 /// The README's quickstart pipeline, one change per commit, into the SQLite
 /// catalog `db` and a warehouse in `dir`.
 fn quickstart_pipeline(dir: &Path, db: &Path) -> PathBuf {
     let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/shop.jsonl");
-    let text = std::fs::read_to_string(
+    let mut text = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart.sql"),
     )
-    .unwrap()
-    .replace(
-        "CREATE PIPELINE lake;",
-        "CREATE PIPELINE lake WITH (max_batch_rows = 1);",
-    )
-    .replace("examples/data/shop.jsonl", shop.to_str().unwrap())
-    .replace(
-        "sqlite://warehouse/catalog.db",
-        &format!("sqlite://{}", db.display()),
-    )
-    .replace(
-        "warehouse = 'warehouse'",
-        &format!("warehouse = '{}/wh'", dir.display()),
-    );
+    .unwrap();
+    for (from, to) in [
+        (
+            "CREATE PIPELINE quickstart;",
+            "CREATE PIPELINE quickstart WITH (max_batch_rows = 1);".to_string(),
+        ),
+        (
+            "examples/data/shop.jsonl",
+            shop.to_str().unwrap().to_string(),
+        ),
+        (
+            "sqlite://warehouse/catalog.db",
+            format!("sqlite://{}", db.display()),
+        ),
+        (
+            "warehouse = 'warehouse'",
+            format!("warehouse = '{}/wh'", dir.display()),
+        ),
+    ] {
+        text = edit(&text, from, &to);
+    }
     let p = dir.join("quickstart.sql");
     std::fs::write(&p, text).unwrap();
     p
@@ -170,14 +184,27 @@ async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    run_to_end(&quickstart_pipeline(
-        dir.path(),
-        &dir.path().join("catalog.db"),
-    ));
-    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "bronze", "orders")
+    let md = quickstart_read_back(&python, dir.path(), "").await;
+    // Partitioned by day, with global equality deletes (an unpartitioned spec).
+    assert_eq!(md["partition-specs"].as_array().unwrap().len(), 2);
+}
+
+/// Runs the quickstart (one change per commit, `sink_options` added to the
+/// sink), checks DuckDB's read of the result and the position; returns the
+/// table's metadata.
+async fn quickstart_read_back(python: &Path, dir: &Path, sink_options: &str) -> Value {
+    let p = quickstart_pipeline(dir, &dir.join("catalog.db"));
+    let text = edit(
+        &std::fs::read_to_string(&p).unwrap(),
+        "namespace = 'bronze'",
+        &format!("namespace = 'bronze'{sink_options}"),
+    );
+    std::fs::write(&p, text).unwrap();
+    run_to_end(&p);
+    let loc = common::catalog_metadata_location(&dir.join("catalog.db"), "bronze", "orders")
         .await
         .expect("the catalog holds the table");
-    let rows = common::duckdb_rows(&python, &loc, "id");
+    let rows = common::duckdb_rows(python, &loc, "id");
     let summary: Vec<(i64, String, String)> = rows
         .iter()
         .map(|r| {
@@ -201,8 +228,35 @@ async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
     );
     let md = metadata_json(&loc);
     assert_eq!(md["properties"]["cdc.position"], "5173");
-    // Partitioned by day, with global equality deletes (an unpartitioned spec).
-    assert_eq!(md["partition-specs"].as_array().unwrap().len(), 2);
+    md
+}
+
+/// Compaction of a partitioned table (by day): rows land in their
+/// partitions' files, the deletes (global) are gone, the read is unchanged.
+#[tokio::test]
+async fn compaction_of_a_partitioned_table_keeps_its_rows() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let md = quickstart_read_back(
+        &python,
+        dir.path(),
+        ", maintenance_enabled = true, maintenance_compaction_interval = '0s',
+  maintenance_compaction_min_input_files = 2",
+    )
+    .await;
+    let snapshots = md["snapshots"].as_array().unwrap();
+    let compactions = snapshots
+        .iter()
+        .filter(|s| s["summary"]["operation"] == "replace")
+        .count();
+    assert!(compactions >= 2, "{compactions} compactions");
+    assert!(
+        snapshots
+            .iter()
+            .all(|s| s["summary"]["cdc.position"].is_string())
+    );
 }
 
 async fn journal_mode(db: &Path) -> String {
@@ -256,11 +310,22 @@ async fn a_created_catalog_uses_wal_and_an_existing_one_keeps_its_mode() {
 /// The acceptance suite: a seeded random change stream (50k changes over
 /// 5k keys), the pipeline killed with SIGKILL at random moments five times,
 /// then run to the end; DuckDB's read equals the oracle.
-async fn random_changes_with_kill_9(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
+async fn random_changes_with_kill_9(
+    python: &Path,
+    dir: &Path,
+    catalog: &Catalog<'_>,
+    sink_options: &str,
+) {
     let data = dir.join("changes.jsonl");
     let (lines, state) = workload(20261130, 50_000, 5_000);
     write_lines(&data, &lines);
     let p = pipeline(dir, &data, "upsert", 150, catalog);
+    let text = edit(
+        &std::fs::read_to_string(&p).unwrap(),
+        "namespace = 'bronze'",
+        &format!("namespace = 'bronze'{sink_options}"),
+    );
+    std::fs::write(&p, text).unwrap();
 
     common::kill_9_runs(&p, 99, 5, 60..700);
 
@@ -307,7 +372,79 @@ async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    random_changes_with_kill_9(&python, dir.path(), &Catalog::Sql(dir.path())).await;
+    random_changes_with_kill_9(&python, dir.path(), &Catalog::Sql(dir.path()), "").await;
+}
+
+/// The acceptance suite with maintenance after every commit: compaction of
+/// the whole table once 8 files are candidates, expiry keeping the newest
+/// 25 snapshots, and (`orphans`, local warehouses) orphan cleanup of any
+/// unreferenced file (`older_than = 0s` is safe only because this pipeline
+/// is the table's one writer). Still equal to the oracle; the table keeps
+/// few delete and data files.
+async fn random_changes_with_kill_9_and_maintenance(
+    python: &Path,
+    dir: &Path,
+    catalog: &Catalog<'_>,
+    orphans: bool,
+) {
+    let mut options = ", maintenance_enabled = true,
+  maintenance_compaction_interval = '0s', maintenance_compaction_min_input_files = 8,
+  maintenance_snapshot_expiry_interval = '0s', maintenance_snapshot_expiry_retain_last = 25,
+  maintenance_snapshot_expiry_max_age = '0s'"
+        .to_string();
+    if orphans {
+        options.push_str(
+            ",\n  maintenance_orphan_cleanup_interval = '0s', maintenance_orphan_cleanup_older_than = '0s'",
+        );
+    }
+    random_changes_with_kill_9(python, dir, catalog, &options).await;
+    let md = catalog.metadata("bronze.items").await;
+    let snapshots = md["snapshots"].as_array().unwrap();
+    assert_eq!(snapshots.len(), 25);
+    assert!(
+        snapshots
+            .iter()
+            .any(|s| s["summary"]["operation"] == "replace"),
+        "compactions among the newest snapshots"
+    );
+    let current = md["current-snapshot-id"].as_i64().unwrap();
+    let summary = &snapshots
+        .iter()
+        .find(|s| s["snapshot-id"].as_i64() == Some(current))
+        .unwrap()["summary"];
+    let count = |k: &str| summary[k].as_str().unwrap().parse::<u64>().unwrap();
+    assert!(count("total-delete-files") < 8, "{summary}");
+    assert!(count("total-data-files") < 10, "{summary}");
+    if orphans {
+        let on_disk = std::fs::read_dir(dir.join("warehouse/bronze/items/data"))
+            .unwrap()
+            .count();
+        assert!(
+            on_disk < 100,
+            "orphan cleanup keeps only what the kept snapshots read ({on_disk} files; ~700 written)"
+        );
+    }
+}
+
+#[tokio::test]
+async fn random_changes_with_kill_9_and_maintenance_end_equal_to_the_oracle() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = Catalog::Sql(dir.path());
+    random_changes_with_kill_9_and_maintenance(&python, dir.path(), &catalog, true).await;
+}
+
+#[tokio::test]
+async fn random_changes_with_kill_9_and_maintenance_through_a_rest_catalog_on_s3() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
+    let catalog = Catalog::Rest(&server);
+    random_changes_with_kill_9_and_maintenance(&python, dir.path(), &catalog, false).await;
 }
 
 #[tokio::test]
@@ -317,7 +454,7 @@ async fn random_changes_with_kill_9_through_a_rest_catalog_on_s3() {
     };
     let dir = tempfile::tempdir().unwrap();
     let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
-    random_changes_with_kill_9(&python, dir.path(), &Catalog::Rest(&server)).await;
+    random_changes_with_kill_9(&python, dir.path(), &Catalog::Rest(&server), "").await;
 }
 
 /// Snapshot expiry: a run of many commits with expiry after every commit
@@ -331,7 +468,8 @@ async fn snapshot_expiry(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
     let (lines, state) = workload(31, 3_000, 500);
     write_lines(&data, &lines);
     let p = pipeline(dir, &data, "upsert", 100, catalog);
-    let text = std::fs::read_to_string(&p).unwrap().replace(
+    let text = edit(
+        &std::fs::read_to_string(&p).unwrap(),
         "namespace = 'bronze'",
         "namespace = 'bronze', maintenance_enabled = true,
   maintenance_snapshot_expiry_interval = '0s', maintenance_snapshot_expiry_retain_last = 3,
@@ -420,7 +558,8 @@ async fn orphan_cleanup_removes_old_unreferenced_files_only() {
     let (lines, state) = workload(41, 3_000, 500);
     write_lines(&data, &lines[..2_000]);
     let p = pipeline(dir.path(), &data, "upsert", 100, &catalog);
-    let text = std::fs::read_to_string(&p).unwrap().replace(
+    let text = edit(
+        &std::fs::read_to_string(&p).unwrap(),
         "namespace = 'bronze'",
         "namespace = 'bronze', maintenance_enabled = true,
   maintenance_orphan_cleanup_interval = '0s', maintenance_orphan_cleanup_older_than = '1h'",
@@ -520,7 +659,7 @@ async fn random_changes_with_kill_9_through_a_sql_catalog_on_postgres() {
     let Some(pg) = common::Postgres::start(&dir.path().join("pg")) else {
         return;
     };
-    random_changes_with_kill_9(&python, dir.path(), &Catalog::Postgres(&pg, dir.path())).await;
+    random_changes_with_kill_9(&python, dir.path(), &Catalog::Postgres(&pg, dir.path()), "").await;
 }
 
 #[tokio::test]

@@ -26,15 +26,16 @@ use std::collections::HashMap;
 use std::str::FromStr;
 
 use iceberg::spec::{
-    DataFile, MAIN_BRANCH, ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation,
-    PartitionSpecRef, Snapshot, SnapshotSummaryCollector, Summary, TableMetadata,
-    TableMetadataBuildResult, UNASSIGNED_SEQUENCE_NUMBER,
+    DataContentType, DataFile, MAIN_BRANCH, ManifestEntryRef, ManifestFile, ManifestListWriter,
+    ManifestWriterBuilder, Operation, PartitionSpecRef, Snapshot, SnapshotSummaryCollector,
+    Summary, TableMetadata, TableMetadataBuildResult, UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, Runtime};
 use urutau_planner::progress::{CommitMark, SnapshotProgress};
 use urutau_planner::sink::SinkError;
 
+use super::compaction::LiveFile;
 use super::io_error;
 
 /// Table property and snapshot summary key of the committed position.
@@ -134,6 +135,139 @@ fn add_totals(props: &mut HashMap<String, String>, parent: Option<&Summary>) {
     }
 }
 
+/// The snapshot a commit is building: its ids and where its files go.
+struct NewSnapshot<'a> {
+    table: &'a Table,
+    id: i64,
+    seq: i64,
+    parent_id: Option<i64>,
+    /// Names this commit's metadata files.
+    commit: uuid::Uuid,
+    err: fn(iceberg::Error) -> SinkError,
+}
+
+impl<'a> NewSnapshot<'a> {
+    fn new(table: &'a Table, err: fn(iceberg::Error) -> SinkError) -> Self {
+        let md = table.metadata();
+        NewSnapshot {
+            table,
+            id: new_snapshot_id(md),
+            seq: md.next_sequence_number(),
+            parent_id: md.current_snapshot_id(),
+            commit: uuid::Uuid::now_v7(),
+            err,
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        format!(
+            "{}/metadata/{}{name}",
+            self.table.metadata().location(),
+            self.commit
+        )
+    }
+
+    /// Writes a manifest (`name`) of `files` under `spec`: added by this
+    /// snapshot, or, with `removed` sequence numbers, marked deleted.
+    async fn manifest(
+        &self,
+        name: &str,
+        spec: &PartitionSpecRef,
+        deletes: bool,
+        files: ManifestFiles<'_>,
+    ) -> Result<ManifestFile, SinkError> {
+        let err = self.err;
+        let out = self
+            .table
+            .file_io()
+            .new_output(self.path(name))
+            .map_err(err)?;
+        let builder = ManifestWriterBuilder::new(
+            out,
+            Some(self.id),
+            self.table.metadata().current_schema().clone(),
+            spec.as_ref().clone(),
+        );
+        let mut w = if deletes {
+            builder.build_v2_deletes()
+        } else {
+            builder.build_v2_data()
+        };
+        match files {
+            ManifestFiles::Added(files) => {
+                for f in files {
+                    w.add_file(f.clone(), UNASSIGNED_SEQUENCE_NUMBER)
+                        .map_err(err)?;
+                }
+            }
+            ManifestFiles::Removed(entries) => {
+                for e in entries {
+                    let data_seq = e.sequence_number().ok_or_else(|| {
+                        SinkError::Io(format!("{} has no sequence number", e.file_path()))
+                    })?;
+                    w.add_delete_file(e.data_file().clone(), data_seq, e.file_sequence_number)
+                        .map_err(err)?;
+                }
+            }
+        }
+        w.write_manifest_file().await.map_err(err)
+    }
+
+    /// Writes the manifest list of `manifests` and returns the snapshot.
+    async fn finish(
+        self,
+        manifests: Vec<ManifestFile>,
+        operation: Operation,
+        props: HashMap<String, String>,
+    ) -> Result<Snapshot, SinkError> {
+        let err = self.err;
+        let list_path = format!(
+            "{}/metadata/snap-{}-0-{}.avro",
+            self.table.metadata().location(),
+            self.id,
+            self.commit
+        );
+        let mut list = ManifestListWriter::v2(
+            self.table
+                .file_io()
+                .new_output(&list_path)
+                .map_err(err)?
+                .writer()
+                .await
+                .map_err(err)?,
+            self.id,
+            self.parent_id,
+            self.seq,
+        );
+        list.add_manifests(manifests.into_iter()).map_err(err)?;
+        list.close().await.map_err(err)?;
+        Ok(Snapshot::builder()
+            .with_snapshot_id(self.id)
+            .with_parent_snapshot_id(self.parent_id)
+            .with_sequence_number(self.seq)
+            .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
+            .with_manifest_list(list_path)
+            .with_summary(Summary {
+                operation,
+                additional_properties: props,
+            })
+            .with_schema_id(self.table.metadata().current_schema_id())
+            .build())
+    }
+}
+
+/// What a manifest lists.
+enum ManifestFiles<'a> {
+    /// Files this snapshot adds.
+    Added(&'a [DataFile]),
+    /// Files this snapshot removes (their sequence numbers are kept).
+    Removed(&'a [&'a ManifestEntryRef]),
+}
+
+fn snapshot_error(e: iceberg::Error) -> SinkError {
+    SinkError::Io(format!("writing the snapshot: {e}"))
+}
+
 /// New metadata for `table` with the row delta as the main branch's new
 /// snapshot and `cdc.position` set. Writes the manifests and the manifest
 /// list; the catalog commits the result (its `changes` are the updates).
@@ -142,16 +276,10 @@ pub async fn build_row_delta(
     delta: &RowDelta,
 ) -> Result<TableMetadataBuildResult, SinkError> {
     let md = table.metadata();
-    let io = table.file_io();
     let schema = md.current_schema().clone();
     let spec = md.default_partition_spec().clone();
-    let snapshot_id = new_snapshot_id(md);
-    let seq = md.next_sequence_number();
     let parent = md.current_snapshot();
-    let parent_id = md.current_snapshot_id();
-    let commit = uuid::Uuid::now_v7();
-    let dir = format!("{}/metadata", md.location());
-    let err = io_error("writing the snapshot");
+    let snap = NewSnapshot::new(table, snapshot_error);
 
     let mut collector = SnapshotSummaryCollector::default();
     collector.set_partition_summary_limit(0);
@@ -174,79 +302,118 @@ pub async fn build_row_delta(
 
     let mut manifests: Vec<ManifestFile> = Vec::new();
     if !delta.data_files.is_empty() {
-        let out = io
-            .new_output(format!("{dir}/{commit}-m0.avro"))
-            .map_err(&err)?;
-        let mut w = ManifestWriterBuilder::new(
-            out,
-            Some(snapshot_id),
-            schema.clone(),
-            spec.as_ref().clone(),
-        )
-        .build_v2_data();
-        for f in &delta.data_files {
-            w.add_file(f.clone(), UNASSIGNED_SEQUENCE_NUMBER)
-                .map_err(&err)?;
-        }
-        manifests.push(w.write_manifest_file().await.map_err(&err)?);
+        let files = ManifestFiles::Added(&delta.data_files);
+        manifests.push(snap.manifest("-m0.avro", &spec, false, files).await?);
     }
     if !delta.delete_files.is_empty() {
-        let out = io
-            .new_output(format!("{dir}/{commit}-m1.avro"))
-            .map_err(&err)?;
-        let mut w = ManifestWriterBuilder::new(
-            out,
-            Some(snapshot_id),
-            schema.clone(),
-            delta.delete_spec.as_ref().clone(),
-        )
-        .build_v2_deletes();
-        for f in &delta.delete_files {
-            w.add_file(f.clone(), UNASSIGNED_SEQUENCE_NUMBER)
-                .map_err(&err)?;
-        }
-        manifests.push(w.write_manifest_file().await.map_err(&err)?);
+        let files = ManifestFiles::Added(&delta.delete_files);
+        manifests.push(
+            snap.manifest("-m1.avro", &delta.delete_spec, true, files)
+                .await?,
+        );
     }
     // The parent's manifests carry forward unchanged (they keep their
-    // sequence numbers).
+    // sequence numbers). A manifest with no live file left (compaction's
+    // deleted entries) is dropped: readers would skip it, and orphan
+    // cleanup can then reclaim the files it lists once no kept snapshot
+    // reads them.
     if let Some(p) = parent {
-        let list = table.manifest_list_reader(p).load().await.map_err(&err)?;
-        manifests.extend(list.consume_entries());
-    }
-    let list_path = format!("{dir}/snap-{snapshot_id}-0-{commit}.avro");
-    let mut list = ManifestListWriter::v2(
-        io.new_output(&list_path)
-            .map_err(&err)?
-            .writer()
+        let list = table
+            .manifest_list_reader(p)
+            .load()
             .await
-            .map_err(&err)?,
-        snapshot_id,
-        parent_id,
-        seq,
-    );
-    list.add_manifests(manifests.into_iter()).map_err(&err)?;
-    list.close().await.map_err(&err)?;
-
-    let snapshot = Snapshot::builder()
-        .with_snapshot_id(snapshot_id)
-        .with_parent_snapshot_id(parent_id)
-        .with_sequence_number(seq)
-        .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
-        .with_manifest_list(list_path)
-        .with_summary(Summary {
-            operation,
-            additional_properties: props,
-        })
-        .with_schema_id(md.current_schema_id())
-        .build();
-    let current = table.metadata_location_result().map_err(&err)?.to_string();
+            .map_err(snapshot_error)?;
+        manifests.extend(
+            list.consume_entries()
+                .into_iter()
+                .filter(|m| m.has_added_files() || m.has_existing_files()),
+        );
+    }
+    let snapshot = snap.finish(manifests, operation, props).await?;
+    let current = table
+        .metadata_location_result()
+        .map_err(snapshot_error)?
+        .to_string();
     md.clone()
         .into_builder(Some(current))
         .set_branch_snapshot(snapshot, MAIN_BRANCH)
         .and_then(|b| b.set_properties(mark_set))
         .and_then(|b| b.remove_properties(&mark_clear))
         .and_then(|b| b.build())
-        .map_err(&err)
+        .map_err(snapshot_error)
+}
+
+fn compaction_error(e: iceberg::Error) -> SinkError {
+    SinkError::Io(format!("writing the compaction snapshot: {e}"))
+}
+
+/// New metadata for `table` with a `replace` snapshot on the main branch:
+/// `added` data files in, every file of `removed` (the current snapshot's
+/// live data and delete files) marked deleted with its sequence numbers
+/// kept, and the table's current commit mark in the summary. Compaction's
+/// commit (see [`super::compaction`]).
+pub async fn build_replace(
+    table: &Table,
+    added: &[DataFile],
+    removed: &[LiveFile],
+) -> Result<TableMetadataBuildResult, SinkError> {
+    let md = table.metadata();
+    let schema = md.current_schema().clone();
+    let spec = md.default_partition_spec().clone();
+    let snap = NewSnapshot::new(table, compaction_error);
+    let spec_of = |id: i32| {
+        md.partition_spec_by_id(id)
+            .cloned()
+            .ok_or_else(|| SinkError::Io(format!("compacting: no partition spec {id}")))
+    };
+
+    let mut collector = SnapshotSummaryCollector::default();
+    collector.set_partition_summary_limit(0);
+    for f in added {
+        collector.add_file(f, schema.clone(), spec.clone());
+    }
+    for f in removed {
+        collector.remove_file(f.entry.data_file(), schema.clone(), spec_of(f.spec_id)?);
+    }
+    let mut props = collector.build();
+    add_totals(&mut props, md.current_snapshot().map(|p| p.summary()));
+    if let Some(mark) = mark_from(md.properties()) {
+        props.extend(mark_properties(&mark).0);
+    }
+    props.insert(COMMIT_ID_KEY.to_string(), snap.commit.to_string());
+
+    let mut manifests: Vec<ManifestFile> = Vec::new();
+    if !added.is_empty() {
+        let files = ManifestFiles::Added(added);
+        manifests.push(snap.manifest("-m0.avro", &spec, false, files).await?);
+    }
+    // One manifest of deleted entries per content type and spec.
+    let mut groups: Vec<((bool, i32), Vec<&ManifestEntryRef>)> = Vec::new();
+    for f in removed {
+        let key = (f.entry.content_type() != DataContentType::Data, f.spec_id);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(&f.entry),
+            None => groups.push((key, vec![&f.entry])),
+        }
+    }
+    for (n, ((deletes, spec_id), entries)) in groups.iter().enumerate() {
+        let files = ManifestFiles::Removed(entries);
+        let name = format!("-d{n}.avro");
+        manifests.push(
+            snap.manifest(&name, &spec_of(*spec_id)?, *deletes, files)
+                .await?,
+        );
+    }
+    let snapshot = snap.finish(manifests, Operation::Replace, props).await?;
+    let current = table
+        .metadata_location_result()
+        .map_err(compaction_error)?
+        .to_string();
+    md.clone()
+        .into_builder(Some(current))
+        .set_branch_snapshot(snapshot, MAIN_BRANCH)
+        .and_then(|b| b.build())
+        .map_err(compaction_error)
 }
 
 /// New metadata with only `cdc.position` changed (progress without data:

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use iceberg::arrow::{RecordBatchPartitionSplitter, arrow_schema_to_schema};
-use iceberg::spec::{DataContentType, DataFile, DataFileFormat};
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat, PartitionKey, TableProperties};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
@@ -38,40 +38,91 @@ fn names(kind: &str) -> DefaultFileNameGenerator {
 /// Writes `batch` (the table's Arrow form) as data files, one set per
 /// partition.
 pub async fn write_data(table: &Table, batch: RecordBatch) -> Result<Vec<DataFile>, SinkError> {
-    if batch.num_rows() == 0 {
-        return Ok(vec![]);
+    let mut w = DataWriter::new(
+        table,
+        TableProperties::PROPERTY_WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+    );
+    w.write(batch).await?;
+    w.close().await
+}
+
+/// Data files written batch by batch (compaction rewrites a whole table
+/// through it): one rolling writer per partition, each rolling over at
+/// `target_size` bytes, so memory holds one batch and the open files'
+/// buffers, not the table.
+pub struct DataWriter {
+    table: Table,
+    target_size: usize,
+    /// Open writers by partition path ("" unpartitioned).
+    writers: Vec<(String, Box<dyn IcebergWriter>)>,
+}
+
+impl DataWriter {
+    /// A writer for `table`'s default spec and schema.
+    pub fn new(table: &Table, target_size: usize) -> Self {
+        DataWriter {
+            table: table.clone(),
+            target_size,
+            writers: Vec::new(),
+        }
     }
-    let err = io_error("writing data files");
-    let md = table.metadata();
-    let schema = md.current_schema().clone();
-    let spec = md.default_partition_spec().clone();
-    let parts: Vec<(Option<iceberg::spec::PartitionKey>, RecordBatch)> = if spec.is_unpartitioned()
-    {
-        vec![(None, batch)]
-    } else {
-        RecordBatchPartitionSplitter::try_new_with_computed_values(schema.clone(), spec)
-            .and_then(|s| s.split(&batch))
-            .map_err(&err)?
-            .into_iter()
-            .map(|(k, b)| (Some(k), b))
-            .collect()
-    };
-    let mut files = Vec::new();
-    for (key, part) in parts {
-        let rolling = RollingFileWriterBuilder::new_with_default_file_size(
-            ParquetWriterBuilder::new(properties(), schema.clone()),
-            table.file_io().clone(),
-            DefaultLocationGenerator::new(md).map_err(&err)?,
-            names("data"),
-        );
-        let mut w = DataFileWriterBuilder::new(rolling)
-            .build(key)
-            .await
-            .map_err(&err)?;
-        w.write(part).await.map_err(&err)?;
-        files.extend(w.close().await.map_err(&err)?);
+
+    /// Writes `batch` (the table's Arrow form).
+    pub async fn write(&mut self, batch: RecordBatch) -> Result<(), SinkError> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let err = io_error("writing data files");
+        // A clone (cheap): nothing borrowed from `self` across the awaits.
+        let table = self.table.clone();
+        let md = table.metadata();
+        let schema = md.current_schema().clone();
+        let spec = md.default_partition_spec().clone();
+        let parts: Vec<(Option<PartitionKey>, RecordBatch)> = if spec.is_unpartitioned() {
+            vec![(None, batch)]
+        } else {
+            RecordBatchPartitionSplitter::try_new_with_computed_values(schema.clone(), spec)
+                .and_then(|s| s.split(&batch))
+                .map_err(&err)?
+                .into_iter()
+                .map(|(k, b)| (Some(k), b))
+                .collect()
+        };
+        for (key, part) in parts {
+            let path = key.as_ref().map(PartitionKey::to_path).unwrap_or_default();
+            let open = self.writers.iter().position(|(p, _)| *p == path);
+            let i = match open {
+                Some(i) => i,
+                None => {
+                    let rolling = RollingFileWriterBuilder::new(
+                        ParquetWriterBuilder::new(properties(), schema.clone()),
+                        self.target_size,
+                        table.file_io().clone(),
+                        DefaultLocationGenerator::new(md).map_err(&err)?,
+                        names("data"),
+                    );
+                    let w = DataFileWriterBuilder::new(rolling)
+                        .build(key)
+                        .await
+                        .map_err(&err)?;
+                    self.writers.push((path, Box::new(w)));
+                    self.writers.len() - 1
+                }
+            };
+            self.writers[i].1.write(part).await.map_err(&err)?;
+        }
+        Ok(())
     }
-    Ok(files)
+
+    /// Closes every file; the data files written.
+    pub async fn close(mut self) -> Result<Vec<DataFile>, SinkError> {
+        let err = io_error("writing data files");
+        let mut files = Vec::new();
+        for (_, w) in &mut self.writers {
+            files.extend(w.close().await.map_err(&err)?);
+        }
+        Ok(files)
+    }
 }
 
 /// Writes `keys` (key columns with their field ids) as equality-delete

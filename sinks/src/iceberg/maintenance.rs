@@ -1,4 +1,5 @@
-//! Table maintenance, in process: snapshot expiry and orphan cleanup.
+//! Table maintenance, in process: compaction (see [`super::compaction`]),
+//! snapshot expiry and orphan cleanup.
 //!
 //! Every batch is a snapshot, so a long-running pipeline's table metadata
 //! (which lists every snapshot) and its manifest lists grow without bound:
@@ -10,9 +11,9 @@
 //! spec's collapsed mode), so the pass runs in the sink, right after one of
 //! the table's commits and under the same per-table lock: it never races
 //! that table's commits, and a conflict with another writer just skips the
-//! pass until its next turn. Expiry runs before orphan cleanup, so the
-//! files expiry dereferences are cleaned in the same turn. Compaction is
-//! not in this build; configuring it is an error, never a silent no-op.
+//! pass until its next turn. The spec's order holds: compaction, then
+//! expiry, then orphan cleanup, so the files compaction and expiry
+//! dereference are cleaned in the same turn.
 //!
 //! What expires: a snapshot no branch or tag points at, not among the
 //! newest `retain_last` of the main branch, and older than `max_age`. The
@@ -39,7 +40,7 @@ use std::time::{Duration, SystemTime};
 
 use iceberg::spec::{TableMetadata, TableMetadataBuildResult};
 use iceberg::table::Table;
-use urutau_planner::options::parse_duration;
+use urutau_planner::options::{parse_duration, parse_size};
 use urutau_planner::sink::SinkError;
 
 use super::durable::local_path;
@@ -48,10 +49,23 @@ use super::{commit, io_error};
 /// The maintenance a sink's options ask for.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Maintenance {
+    /// Compaction, when configured.
+    pub compaction: Option<Compaction>,
     /// Snapshot expiry, when configured.
     pub expiry: Option<SnapshotExpiry>,
     /// Orphan cleanup, when configured.
     pub orphans: Option<OrphanCleanup>,
+}
+
+/// When and how the table is compacted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compaction {
+    /// Time between passes over one table.
+    pub interval: Duration,
+    /// Data files are written up to this size; smaller ones are candidates.
+    pub target_file_size: u64,
+    /// Candidates (small data files and delete files) a pass needs.
+    pub min_input_files: usize,
 }
 
 /// How orphan files are removed.
@@ -78,7 +92,8 @@ impl Maintenance {
     /// Reads the `maintenance_*` options (`get` returns an option's text).
     /// Nothing runs unless `maintenance_enabled = true`; then each
     /// sub-block runs only when one of its settings is given (the others
-    /// take the defaults: expiry every 10m, keep the newest 1, expire after
+    /// take the defaults: compaction every 5m into 512Mi files once 5 files
+    /// are candidates; expiry every 10m, keep the newest 1, expire after
     /// 7d; orphan cleanup every 1h, of files older than 72h).
     pub fn from_options(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         if get("maintenance_enabled").as_deref() != Some("true") {
@@ -96,15 +111,9 @@ impl Maintenance {
             .iter()
             .any(|s| get(&format!("maintenance_{prefix}_{s}")).is_some())
         };
-        if given("compaction") {
+        if !given("compaction") && !given("snapshot_expiry") && !given("orphan_cleanup") {
             return Err(
-                "table maintenance: compaction is not in this build (snapshot expiry and orphan cleanup are); remove the maintenance_compaction_* settings rather than have them silently not run"
-                    .to_string(),
-            );
-        }
-        if !given("snapshot_expiry") && !given("orphan_cleanup") {
-            return Err(
-                "maintenance_enabled = true but no maintenance is configured; set maintenance_snapshot_expiry_* or maintenance_orphan_cleanup_* (compaction is not in this build)"
+                "maintenance_enabled = true but no maintenance is configured; set maintenance_compaction_*, maintenance_snapshot_expiry_* or maintenance_orphan_cleanup_*"
                     .to_string(),
             );
         }
@@ -121,6 +130,23 @@ impl Maintenance {
                     format!("maintenance_snapshot_expiry_retain_last: `{text}` is not a count >= 1")
                 })?,
             None => 1,
+        };
+        let compaction = match given("compaction") {
+            false => None,
+            true => Some(Compaction {
+                interval: duration("maintenance_compaction_interval", Duration::from_secs(300))?,
+                target_file_size: match get("maintenance_compaction_target_file_size") {
+                    Some(text) => parse_size(&text)
+                        .map_err(|e| format!("maintenance_compaction_target_file_size: {e}"))?,
+                    None => 512 << 20,
+                },
+                min_input_files: match get("maintenance_compaction_min_input_files") {
+                    Some(text) => text.parse::<usize>().ok().filter(|n| *n >= 2).ok_or_else(|| {
+                        format!("maintenance_compaction_min_input_files: `{text}` is not a count >= 2")
+                    })?,
+                    None => 5,
+                },
+            }),
         };
         let expiry = match given("snapshot_expiry") {
             false => None,
@@ -149,7 +175,11 @@ impl Maintenance {
                 )?,
             }),
         };
-        Ok(Maintenance { expiry, orphans })
+        Ok(Maintenance {
+            compaction,
+            expiry,
+            orphans,
+        })
     }
 }
 
@@ -211,9 +241,9 @@ pub fn manifest_lists(md: &TableMetadata, ids: &[i64]) -> Vec<String> {
 
 /// Every file the table's metadata references, as local paths: the current
 /// metadata file and those in the metadata log, statistics files, and per
-/// snapshot its
-/// manifest list, the manifests in it and every file those list (whatever
-/// the entry's status: keeping too much is safe, too little is not).
+/// kept snapshot its manifest list, the manifests in it and the live files
+/// those list (an entry marked deleted is a file that snapshot no longer
+/// reads: once no kept snapshot lists it live, it is an orphan).
 pub async fn referenced_files(table: &Table) -> Result<HashSet<PathBuf>, SinkError> {
     let err = io_error("listing the table's files");
     let md = table.metadata();
@@ -240,7 +270,13 @@ pub async fn referenced_files(table: &Table) -> Result<HashSet<PathBuf>, SinkErr
         for m in list.entries() {
             if manifests.insert(m.manifest_path.clone()) {
                 let manifest = m.load_manifest(table.file_io()).await.map_err(&err)?;
-                paths.extend(manifest.entries().iter().map(|e| e.file_path().to_string()));
+                paths.extend(
+                    manifest
+                        .entries()
+                        .iter()
+                        .filter(|e| e.is_alive())
+                        .map(|e| e.file_path().to_string()),
+                );
             }
         }
     }
@@ -346,6 +382,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(m.expiry, None);
+        assert_eq!(m.compaction, None);
         assert_eq!(
             m.orphans,
             Some(OrphanCleanup {
@@ -395,14 +432,13 @@ mod tests {
     }
 
     #[test]
-    fn what_this_build_cannot_run_is_an_error() {
+    fn empty_or_invalid_settings_are_errors() {
         let e = Maintenance::from_options(options(&[
             ("maintenance_enabled", "true"),
-            ("maintenance_snapshot_expiry_interval", "1m"),
-            ("maintenance_compaction_interval", "5m"),
+            ("maintenance_compaction_min_input_files", "1"),
         ]))
         .unwrap_err();
-        assert!(e.contains("not in this build"), "{e}");
+        assert!(e.contains("min_input_files"), "{e}");
         let e = Maintenance::from_options(options(&[("maintenance_enabled", "true")])).unwrap_err();
         assert!(e.contains("no maintenance is configured"), "{e}");
         let e = Maintenance::from_options(options(&[

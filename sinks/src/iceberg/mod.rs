@@ -7,6 +7,7 @@
 
 mod catalog;
 pub mod commit;
+mod compaction;
 mod durable;
 mod files;
 pub mod maintenance;
@@ -265,6 +266,8 @@ struct TableState {
     /// The spec equality deletes are written with (unpartitioned, so they
     /// apply in every partition).
     delete_spec: PartitionSpecRef,
+    /// When compaction last ran on this table (never: due).
+    last_compaction: Option<Instant>,
     /// When snapshot expiry last ran on this table (never: due).
     last_expiry: Option<Instant>,
     /// When orphan cleanup last ran on this table (never: due).
@@ -336,10 +339,71 @@ impl IcebergSink {
     }
 
     /// Table maintenance that is due, after one of the table's commits, in
-    /// the spec's order: expiry, then orphan cleanup.
+    /// the spec's order: compaction, expiry, then orphan cleanup.
     async fn maintain(&self, state: &mut TableState) {
+        self.compact_when_due(state).await;
         self.expire_snapshots_when_due(state).await;
         self.clean_orphans_when_due(state).await;
+    }
+
+    /// Runs compaction on the table when configured, due, and the table
+    /// has enough candidate files (see [`compaction`]); a failed or
+    /// conflicting pass is logged and left to its next turn.
+    async fn compact_when_due(&self, state: &mut TableState) {
+        let Some(policy) = &self.maintenance.compaction else {
+            return;
+        };
+        if state
+            .last_compaction
+            .is_some_and(|t| t.elapsed() < policy.interval)
+        {
+            return;
+        }
+        state.last_compaction = Some(Instant::now());
+        let live = match compaction::live_files(&state.table).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(table = %state.ident, error = %e, "compaction failed; next turn");
+                return;
+            }
+        };
+        let candidates = compaction::candidates(&live, policy.target_file_size);
+        if candidates < policy.min_input_files {
+            return;
+        }
+        let built = compaction::build_compaction(
+            &state.table,
+            &state.arrow,
+            &live,
+            policy.target_file_size,
+        )
+        .await;
+        let outcome = match built {
+            Ok((result, added)) => {
+                let paths: Vec<String> = added.iter().map(|f| f.file_path().to_string()).collect();
+                match self.conn().await {
+                    Ok(conn) => conn.commit(&state.table, result, &paths).await,
+                    Err(e) => Outcome::Unknown(e),
+                }
+            }
+            Err(e) => Outcome::Unknown(e),
+        };
+        match outcome {
+            Outcome::Committed(t) => {
+                state.table = t;
+                tracing::info!(table = %state.ident, files = live.len(), "compaction: rewrote the table");
+            }
+            Outcome::Conflict | Outcome::Unknown(_) => {
+                if let Outcome::Unknown(e) = outcome {
+                    tracing::warn!(table = %state.ident, error = %e, "compaction failed; next turn");
+                } else {
+                    tracing::info!(table = %state.ident, "compaction: another writer committed first; next turn");
+                }
+                if let Ok(t) = self.reload(&state.ident).await {
+                    state.table = t;
+                }
+            }
+        }
     }
 
     /// Runs snapshot expiry on the table when configured and due, right
@@ -621,6 +685,7 @@ impl Sink for IcebergSink {
                 key_indices,
                 key_ids,
                 delete_spec,
+                last_compaction: None,
                 last_expiry: None,
                 last_orphan_cleanup: None,
             })),
