@@ -582,8 +582,18 @@ async fn orphan_cleanup_removes_old_unreferenced_files_only() {
         table.join("metadata/stray-old.avro"),
         table.join("metadata/99999-stray.metadata.json"),
     ];
+    // A metadata file of this table that fell out of the metadata log (a
+    // copy of the current one: same table uuid).
+    let current =
+        common::catalog_metadata_location(&dir.path().join("catalog.db"), "bronze", "items")
+            .await
+            .unwrap();
     for f in &old_strays {
-        std::fs::write(f, "not referenced").unwrap();
+        if f.to_str().unwrap().ends_with(".metadata.json") {
+            std::fs::copy(current.trim_start_matches("file://"), f).unwrap();
+        } else {
+            std::fs::write(f, "not referenced").unwrap();
+        }
         age(f);
     }
     let young_stray = table.join("data/stray-young.parquet");

@@ -29,7 +29,10 @@ use urutau_planner::sink::SinkError;
 
 use super::files::DataWriter;
 use super::{commit, conform_by_name, io_error};
+use std::sync::Arc;
+
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
+use iceberg::arrow::schema_to_arrow_schema;
 
 /// A live file of the current snapshot, with the partition spec of the
 /// manifest that lists it.
@@ -82,11 +85,14 @@ pub fn candidates(live: &[LiveFile], target_size: u64) -> usize {
 /// the `replace` snapshot; also returns the data files written.
 pub async fn build_compaction(
     table: &Table,
-    arrow: &ArrowSchemaRef,
     live: &[LiveFile],
     target_size: u64,
 ) -> Result<(TableMetadataBuildResult, Vec<DataFile>), SinkError> {
     let err = io_error("compacting");
+    // The rows are rewritten in the table's current schema (the one the
+    // data writer writes), whatever schema this sink loaded at start.
+    let arrow: ArrowSchemaRef =
+        Arc::new(schema_to_arrow_schema(table.metadata().current_schema()).map_err(&err)?);
     let Some(snapshot) = table.metadata().current_snapshot() else {
         return Err(SinkError::Io(
             "compacting: the table has no snapshot".into(),
@@ -103,7 +109,7 @@ pub async fn build_compaction(
         .map_err(&err)?;
     let mut writer = DataWriter::new(table, usize::try_from(target_size).unwrap_or(usize::MAX));
     while let Some(batch) = rows.try_next().await.map_err(&err)? {
-        let batch = conform_by_name(&batch, arrow)
+        let batch = conform_by_name(&batch, &arrow)
             .map_err(|e| SinkError::Io(format!("compacting: {e}")))?;
         writer.write(batch).await?;
     }

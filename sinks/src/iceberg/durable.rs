@@ -13,7 +13,7 @@
 //! none of this: a completed PUT is durable.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use urutau_planner::sink::SinkError;
 
@@ -28,23 +28,45 @@ pub fn local_path(location: &str) -> Option<PathBuf> {
         }));
     }
     if let Some(rest) = location.strip_prefix("file:") {
-        return Some(PathBuf::from(rest));
+        // As iceberg's local storage reads it: always absolute.
+        return Some(PathBuf::from(if rest.starts_with('/') {
+            rest.to_string()
+        } else {
+            format!("/{rest}")
+        }));
     }
     location.starts_with('/').then(|| PathBuf::from(location))
 }
 
 /// Syncs the local files in `files` and the directories holding every
 /// local path in `files` and `entries` (files whose content is already
-/// durable, but whose directory entry is new). Object-storage locations
-/// are skipped.
-pub async fn sync_local(files: Vec<String>, entries: Vec<String>) -> Result<(), SinkError> {
+/// durable, but whose directory entry is new), and their ancestors up to
+/// `root` (the table's location: a partition directory may be new too).
+/// Object-storage locations are skipped.
+pub async fn sync_local(
+    files: Vec<String>,
+    entries: Vec<String>,
+    root: &str,
+) -> Result<(), SinkError> {
     let files: Vec<PathBuf> = files.iter().filter_map(|l| local_path(l)).collect();
-    let dirs: BTreeSet<PathBuf> = files
+    let root = local_path(root);
+    let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
+    for path in files
         .iter()
         .cloned()
         .chain(entries.iter().filter_map(|l| local_path(l)))
-        .filter_map(|p| p.parent().map(Path::to_path_buf))
-        .collect();
+    {
+        let mut dir = path.parent();
+        while let Some(d) = dir {
+            if !dirs.insert(d.to_path_buf()) {
+                break;
+            }
+            match &root {
+                Some(r) if d.starts_with(r) && d != r.as_path() => dir = d.parent(),
+                _ => break,
+            }
+        }
+    }
     if files.is_empty() && dirs.is_empty() {
         return Ok(());
     }
@@ -98,13 +120,16 @@ mod tests {
                 format!("file://{}", parquet.display()),
                 "s3://b/k".to_string(),
             ],
+            &dir.path().display().to_string(),
         )
         .await
         .unwrap();
         // A file that is not there is an error naming it, never a silent
         // success.
         let missing = dir.path().join("gone.json").display().to_string();
-        let err = sync_local(vec![missing.clone()], vec![]).await.unwrap_err();
+        let err = sync_local(vec![missing.clone()], vec![], "/")
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains(&missing), "{err}");
     }
 }

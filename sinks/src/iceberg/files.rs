@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use iceberg::arrow::{RecordBatchPartitionSplitter, arrow_schema_to_schema};
-use iceberg::spec::{DataContentType, DataFile, DataFileFormat, PartitionKey, TableProperties};
+use iceberg::spec::{
+    DataContentType, DataFile, DataFileFormat, PartitionKey, Struct, TableProperties,
+};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
@@ -46,15 +48,24 @@ pub async fn write_data(table: &Table, batch: RecordBatch) -> Result<Vec<DataFil
     w.close().await
 }
 
+/// Open partition writers at most: one more closes the least recently
+/// used (its partition gets a new file if it comes back), so memory stays
+/// bounded however many partitions a rewrite meets.
+const MAX_OPEN_WRITERS: usize = 16;
+
 /// Data files written batch by batch (compaction rewrites a whole table
 /// through it): one rolling writer per partition, each rolling over at
-/// `target_size` bytes, so memory holds one batch and the open files'
-/// buffers, not the table.
+/// `target_size` bytes, at most [`MAX_OPEN_WRITERS`] open, so memory holds
+/// one batch and the open files' buffers, not the table.
 pub struct DataWriter {
     table: Table,
     target_size: usize,
-    /// Open writers by partition path ("" unpartitioned).
-    writers: Vec<(String, Box<dyn IcebergWriter>)>,
+    /// Open writers by partition value (`None` unpartitioned), least
+    /// recently used first. Keyed by the value, not its path text: a NULL
+    /// and the string "null" are different partitions.
+    writers: Vec<(Option<Struct>, Box<dyn IcebergWriter>)>,
+    /// Files of writers already closed.
+    closed: Vec<DataFile>,
 }
 
 impl DataWriter {
@@ -64,6 +75,7 @@ impl DataWriter {
             table: table.clone(),
             target_size,
             writers: Vec::new(),
+            closed: Vec::new(),
         }
     }
 
@@ -89,11 +101,19 @@ impl DataWriter {
                 .collect()
         };
         for (key, part) in parts {
-            let path = key.as_ref().map(PartitionKey::to_path).unwrap_or_default();
-            let open = self.writers.iter().position(|(p, _)| *p == path);
+            let value = key.as_ref().map(|k| k.data().clone());
+            let open = self.writers.iter().position(|(v, _)| *v == value);
             let i = match open {
-                Some(i) => i,
+                Some(i) => {
+                    let w = self.writers.remove(i);
+                    self.writers.push(w);
+                    self.writers.len() - 1
+                }
                 None => {
+                    if self.writers.len() >= MAX_OPEN_WRITERS {
+                        let (_, mut oldest) = self.writers.remove(0);
+                        self.closed.extend(oldest.close().await.map_err(&err)?);
+                    }
                     let rolling = RollingFileWriterBuilder::new(
                         ParquetWriterBuilder::new(properties(), schema.clone()),
                         self.target_size,
@@ -105,7 +125,7 @@ impl DataWriter {
                         .build(key)
                         .await
                         .map_err(&err)?;
-                    self.writers.push((path, Box::new(w)));
+                    self.writers.push((value, Box::new(w)));
                     self.writers.len() - 1
                 }
             };
@@ -117,7 +137,7 @@ impl DataWriter {
     /// Closes every file; the data files written.
     pub async fn close(mut self) -> Result<Vec<DataFile>, SinkError> {
         let err = io_error("writing data files");
-        let mut files = Vec::new();
+        let mut files = std::mem::take(&mut self.closed);
         for (_, w) in &mut self.writers {
             files.extend(w.close().await.map_err(&err)?);
         }

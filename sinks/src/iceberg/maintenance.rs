@@ -184,8 +184,12 @@ impl Maintenance {
 }
 
 /// The ids of the snapshots of `md` that expire at `now_ms`.
-pub fn expired_snapshots(md: &TableMetadata, policy: &SnapshotExpiry, now_ms: i64) -> Vec<i64> {
-    let mut kept: HashSet<i64> = ref_heads(md);
+pub fn expired_snapshots(
+    md: &TableMetadata,
+    policy: &SnapshotExpiry,
+    now_ms: i64,
+) -> Result<Vec<i64>, SinkError> {
+    let mut kept: HashSet<i64> = ref_heads(md)?;
     kept.extend(
         commit::ancestry(md)
             .take(policy.retain_last)
@@ -199,22 +203,30 @@ pub fn expired_snapshots(md: &TableMetadata, policy: &SnapshotExpiry, now_ms: i6
         .map(|s| s.snapshot_id())
         .collect();
     ids.sort_unstable();
-    ids
+    Ok(ids)
 }
 
 /// The snapshots branches and tags point at. (`TableMetadata` has no
 /// public list of its refs; its serialized form does.)
-fn ref_heads(md: &TableMetadata) -> HashSet<i64> {
+/// Unreadable refs are an error: expiring a snapshot a tag points at
+/// would drop the tag.
+fn ref_heads(md: &TableMetadata) -> Result<HashSet<i64>, SinkError> {
     let mut heads: HashSet<i64> = md.current_snapshot_id().into_iter().collect();
-    if let Ok(v) = serde_json::to_value(md)
-        && let Some(refs) = v.get("refs").and_then(|r| r.as_object())
-    {
-        heads.extend(
+    let v = serde_json::to_value(md)
+        .map_err(|e| SinkError::Io(format!("reading the table's refs: {e}")))?;
+    match v.get("refs").and_then(|r| r.as_object()) {
+        Some(refs) => heads.extend(
             refs.values()
                 .filter_map(|r| r.get("snapshot-id").and_then(|id| id.as_i64())),
-        );
+        ),
+        None if md.snapshots().len() > 0 => {
+            return Err(SinkError::Io(
+                "the table's metadata lists no refs; not expiring snapshots".into(),
+            ));
+        }
+        None => {}
     }
-    heads
+    Ok(heads)
 }
 
 /// New metadata for `table` without the snapshots `ids`.
@@ -295,11 +307,27 @@ pub async fn referenced_files(table: &Table) -> Result<HashSet<PathBuf>, SinkErr
 
 /// Files under `table_dir`'s `data/` and `metadata/` that `referenced`
 /// does not hold and that were last modified before `cutoff`.
+///
+/// Refuses (an error, nothing to delete) when the directory is not this
+/// table's alone — a metadata file of another table (`table_uuid`
+/// differs: two catalogs can place same-named tables in one directory) —
+/// or when a referenced file under it is missing, which would mean the
+/// referenced paths do not name the files on disk.
 pub fn orphan_files(
     table_dir: &Path,
+    table_uuid: &str,
     referenced: &HashSet<PathBuf>,
     cutoff: SystemTime,
 ) -> Result<Vec<PathBuf>, SinkError> {
+    if let Some(missing) = referenced
+        .iter()
+        .find(|p| p.starts_with(table_dir) && !p.exists())
+    {
+        return Err(SinkError::Io(format!(
+            "the table references {}, which is not there; not cleaning",
+            missing.display()
+        )));
+    }
     let mut found = Vec::new();
     let mut pending: Vec<PathBuf> = ["data", "metadata"]
         .iter()
@@ -316,16 +344,37 @@ pub fn orphan_files(
                 if !holds_a_table(&path) {
                     pending.push(path);
                 }
-            } else if meta.is_file()
-                && !referenced.contains(&path)
-                && meta.modified().map_err(read)? < cutoff
-            {
-                found.push(path);
+            } else if meta.is_file() && !referenced.contains(&path) {
+                if let Some(other) = foreign_table(&path, table_uuid) {
+                    return Err(SinkError::Io(format!(
+                        "{} belongs to another table ({other}) in the same directory; not cleaning",
+                        path.display()
+                    )));
+                }
+                if meta.modified().map_err(read)? < cutoff {
+                    found.push(path);
+                }
             }
         }
     }
     found.sort();
     Ok(found)
+}
+
+/// The uuid of the table `path` is the metadata file of, when it is one
+/// and not `table_uuid`'s. (An unreadable metadata file counts as another
+/// table's: better not to clean than to guess.)
+fn foreign_table(path: &Path, table_uuid: &str) -> Option<String> {
+    let name = path.file_name()?.to_str()?;
+    if !name.ends_with(".metadata.json") {
+        return None;
+    }
+    let uuid = std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.get("table-uuid")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "unreadable".to_string());
+    (uuid != table_uuid).then_some(uuid)
 }
 
 /// Whether `dir` is another table's root (a `metadata/` directory with a
@@ -417,7 +466,7 @@ mod tests {
             .collect();
         let later = SystemTime::now() + Duration::from_secs(60);
         assert_eq!(
-            orphan_files(t, &referenced, later).unwrap(),
+            orphan_files(t, "u1", &referenced, later).unwrap(),
             vec![
                 t.join("data/day=1/stray.parquet"),
                 t.join("metadata/stray.avro")
@@ -426,9 +475,27 @@ mod tests {
         );
         let earlier = SystemTime::now() - Duration::from_secs(60);
         assert!(
-            orphan_files(t, &referenced, earlier).unwrap().is_empty(),
+            orphan_files(t, "u1", &referenced, earlier)
+                .unwrap()
+                .is_empty(),
             "young files are kept"
         );
+        // Another table's metadata file in the directory: nothing is
+        // cleaned, however old.
+        std::fs::write(
+            t.join("metadata/v9.metadata.json"),
+            r#"{"table-uuid": "u2"}"#,
+        )
+        .unwrap();
+        let e = orphan_files(t, "u1", &referenced, later).unwrap_err();
+        assert!(e.to_string().contains("another table (u2)"), "{e}");
+        std::fs::remove_file(t.join("metadata/v9.metadata.json")).unwrap();
+        // A referenced file that is not there: the paths do not name the
+        // files on disk; nothing is cleaned.
+        let mut gone = referenced.clone();
+        gone.insert(t.join("data/day=1/gone.parquet"));
+        let e = orphan_files(t, "u1", &gone, later).unwrap_err();
+        assert!(e.to_string().contains("not there"), "{e}");
     }
 
     #[test]

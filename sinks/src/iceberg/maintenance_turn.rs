@@ -86,13 +86,8 @@ impl IcebergSink {
         if compaction::candidates(&live, policy.target_file_size) < policy.min_input_files {
             return;
         }
-        let built = compaction::build_compaction(
-            &state.table,
-            &state.arrow,
-            &live,
-            policy.target_file_size,
-        )
-        .await;
+        let built =
+            compaction::build_compaction(&state.table, &live, policy.target_file_size).await;
         let (built, added) = match built {
             Ok((result, files)) => (
                 Ok(result),
@@ -114,7 +109,13 @@ impl IcebergSink {
             return;
         }
         let now_ms = chrono::Utc::now().timestamp_millis();
-        let ids = maintenance::expired_snapshots(state.table.metadata(), policy, now_ms);
+        let ids = match maintenance::expired_snapshots(state.table.metadata(), policy, now_ms) {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(table = %state.ident, error = %e, "snapshot expiry failed; next turn");
+                return;
+            }
+        };
         if ids.is_empty() {
             return;
         }
@@ -159,8 +160,9 @@ impl IcebergSink {
             .checked_sub(policy.older_than)
             .unwrap_or(std::time::UNIX_EPOCH);
         let ident = state.ident.clone();
+        let uuid = state.table.metadata().uuid().to_string();
         let done = tokio::task::spawn_blocking(move || {
-            let orphans = maintenance::orphan_files(&table_dir, &referenced, cutoff)?;
+            let orphans = maintenance::orphan_files(&table_dir, &uuid, &referenced, cutoff)?;
             let mut removed = 0;
             for f in &orphans {
                 match std::fs::remove_file(f) {

@@ -241,6 +241,14 @@ impl SinkProvider for IcebergSinkProvider {
             catalog_name: get("catalog_name").unwrap_or_else(|| spec.name.name.clone()),
             maintenance: {
                 let m = Maintenance::from_options(get).map_err(SinkError::Unavailable)?;
+                if let Some(o) = &m.orphans
+                    && o.older_than < Duration::from_secs(3600)
+                {
+                    tracing::warn!(
+                        sink = %spec.name.name,
+                        "maintenance_orphan_cleanup_older_than is under 1h: a file another writer has written but not yet committed can be removed as an orphan; keep it this short only when this pipeline is the table's one writer"
+                    );
+                }
                 if m.orphans.is_some() && get("catalog").as_deref() == Some("rest") {
                     return Err(SinkError::Unavailable(
                         "table maintenance: orphan cleanup needs a local warehouse (the SQL catalog) in this build; remove the maintenance_orphan_cleanup_* settings"

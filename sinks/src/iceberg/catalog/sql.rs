@@ -172,10 +172,19 @@ impl SqlCatalogConn {
                 .await
                 .map_err(io_error("creating the namespace"))?;
         }
-        self.catalog
+        let table = self
+            .catalog
             .create_table(ns, creation)
             .await
-            .map_err(io_error("creating the table"))
+            .map_err(io_error("creating the table"))?;
+        // The first metadata file is written whole (not synced) by the
+        // catalog crate: made durable like every commit's.
+        let location = table
+            .metadata_location_result()
+            .map_err(io_error("creating the table"))?
+            .to_string();
+        durable::sync_local(vec![location], vec![], table.metadata().location()).await?;
+        Ok(table)
     }
 
     /// Writes `result`'s metadata as the next version, makes it and the
@@ -196,7 +205,8 @@ impl SqlCatalogConn {
                 // Nothing was swapped: safe to retry.
                 Err(e) => return Outcome::Unknown(e),
             };
-        if let Err(e) = durable::sync_local(vec![location.clone()], added.to_vec()).await {
+        let root = table.metadata().location();
+        if let Err(e) = durable::sync_local(vec![location.clone()], added.to_vec(), root).await {
             return Outcome::Unknown(e);
         }
         match self.swap(table.identifier(), &current, &location).await {
