@@ -84,6 +84,12 @@ fn plan_explain_shows_casts_metadata_collapse_and_sink_per_route() {
     assert_eq!(yaml.status.code(), Some(0), "{}", stderr(&yaml));
     assert_eq!(stdout(&yaml), text);
 
+    // So do the maintenance example's twins.
+    let sql = urutau(&["plan", "--explain", "examples/iceberg-maintenance.sql"]);
+    let yaml = urutau(&["plan", "--explain", "examples/iceberg-maintenance.yaml"]);
+    assert_eq!(sql.status.code(), Some(0), "{}", stderr(&sql));
+    assert_eq!(stdout(&yaml), stdout(&sql));
+
     // The experimenting example prints with the debug sink.
     let debug = urutau(&["plan", "--explain", "examples/debug.sql"]);
     assert!(
@@ -308,6 +314,8 @@ fn validate_accepts_valid_files_and_prints_warnings() {
         "examples/quickstart.yaml",
         "examples/debug.sql",
         "examples/debug.yaml",
+        "examples/iceberg-maintenance.sql",
+        "examples/iceberg-maintenance.yaml",
     ] {
         let o = urutau(&["validate", f]);
         assert_eq!(o.status.code(), Some(0), "{f}: {}", stderr(&o));

@@ -178,6 +178,7 @@ impl IcebergSink {
         .map_err(|e| SinkError::Io(e.to_string()))
         .and_then(|r| r);
         match done {
+            Ok(0) => {}
             Ok(removed) => {
                 tracing::info!(table = %state.ident, files = removed, "orphan cleanup: removed unreferenced files")
             }
