@@ -89,6 +89,14 @@ fn plan_explain_shows_casts_metadata_collapse_and_sink_per_route() {
     let yaml = urutau(&["plan", "--explain", "examples/iceberg-maintenance.yaml"]);
     assert_eq!(sql.status.code(), Some(0), "{}", stderr(&sql));
     assert_eq!(stdout(&yaml), stdout(&sql));
+    // Maintenance that will run shows in the plan.
+    assert!(
+        stdout(&sql).contains(
+            "maintenance=[compaction every 5m (>= 5 files, 536870912 bytes), snapshot expiry every 10m (keep 1, max age 7d), orphan cleanup every 1h (older than 3d)]"
+        ),
+        "{}",
+        stdout(&sql)
+    );
 
     // The experimenting example prints with the debug sink.
     let debug = urutau(&["plan", "--explain", "examples/debug.sql"]);

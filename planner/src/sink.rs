@@ -73,4 +73,11 @@ pub trait Sink: Send + Sync + fmt::Debug {
         batch: &SinkBatch,
         position: &str,
     ) -> Result<(), SinkError>;
+
+    /// What the sink does besides committing batches (e.g. Iceberg table
+    /// maintenance), for `plan --explain`: a setting that takes effect
+    /// shows in the plan. `None` when nothing.
+    fn extra_work(&self) -> Option<String> {
+        None
+    }
 }

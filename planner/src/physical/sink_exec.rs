@@ -94,6 +94,9 @@ impl DisplayAs for SinkExec {
                 if self.skip_deletes {
                     write!(f, ", on_delete=skip")?;
                 }
+                if let Some(extra) = self.sink.extra_work() {
+                    write!(f, ", {extra}")?;
+                }
                 Ok(())
             }
         }

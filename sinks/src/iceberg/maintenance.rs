@@ -183,6 +183,55 @@ impl Maintenance {
     }
 }
 
+impl Maintenance {
+    /// The passes that run, for `plan --explain`
+    /// (`maintenance=[compaction every 5m, ...]`); `None` when none.
+    pub fn describe(&self) -> Option<String> {
+        let secs = |d: Duration| humantime(d);
+        let mut parts = Vec::new();
+        if let Some(c) = &self.compaction {
+            parts.push(format!(
+                "compaction every {} (>= {} files, {} bytes)",
+                secs(c.interval),
+                c.min_input_files,
+                c.target_file_size
+            ));
+        }
+        if let Some(e) = &self.expiry {
+            parts.push(format!(
+                "snapshot expiry every {} (keep {}, max age {})",
+                secs(e.interval),
+                e.retain_last,
+                secs(e.max_age)
+            ));
+        }
+        if let Some(o) = &self.orphans {
+            parts.push(format!(
+                "orphan cleanup every {} (older than {})",
+                secs(o.interval),
+                secs(o.older_than)
+            ));
+        }
+        (!parts.is_empty()).then(|| format!("maintenance=[{}]", parts.join(", ")))
+    }
+}
+
+/// `90s` -> `1m30s`: durations as a pipeline file writes them.
+fn humantime(d: Duration) -> String {
+    let mut s = d.as_secs();
+    if s == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    let mut out = String::new();
+    for (unit, n) in [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)] {
+        if s >= n {
+            out.push_str(&format!("{}{unit}", s / n));
+            s %= n;
+        }
+    }
+    out
+}
+
 /// The ids of the snapshots of `md` that expire at `now_ms`.
 pub fn expired_snapshots(
     md: &TableMetadata,

@@ -445,6 +445,10 @@ impl IcebergSink {
 
 #[async_trait]
 impl Sink for IcebergSink {
+    fn extra_work(&self) -> Option<String> {
+        self.maintenance.describe()
+    }
+
     async fn ensure_table(&self, target: &TargetTable) -> Result<(), SinkError> {
         let conn = self.conn().await?;
         let ident = ident_of(target)?;
