@@ -1,7 +1,7 @@
 //! The maintenance turn: after each of a table's commits, under the same
 //! per-table lock, the maintenance that is due runs in the spec's order —
-//! compaction, snapshot expiry, orphan cleanup (see [`super::maintenance`]
-//! and [`super::compaction`]). A pass that fails or meets another writer's
+//! compaction, snapshot expiry, orphan cleanup ([`super::compaction`],
+//! [`super::expiry`], [`super::orphans`]; settings in [`super::maintenance`]). A pass that fails or meets another writer's
 //! commit is logged and left to its next turn: maintenance never stops the
 //! replication.
 
@@ -11,7 +11,7 @@ use iceberg::spec::TableMetadataBuildResult;
 use urutau_planner::sink::SinkError;
 
 use super::catalog::Outcome;
-use super::{IcebergSink, TableState, compaction, durable, maintenance};
+use super::{IcebergSink, TableState, compaction, durable, expiry, orphans};
 
 /// Whether a pass last run at `last` is due again after `interval`; if so
 /// the turn is taken (a failing pass waits for its next turn too).
@@ -109,7 +109,7 @@ impl IcebergSink {
             return;
         }
         let now_ms = chrono::Utc::now().timestamp_millis();
-        let ids = match maintenance::expired_snapshots(state.table.metadata(), policy, now_ms) {
+        let ids = match expiry::expired_snapshots(state.table.metadata(), policy, now_ms) {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::warn!(table = %state.ident, error = %e, "snapshot expiry failed; next turn");
@@ -119,8 +119,8 @@ impl IcebergSink {
         if ids.is_empty() {
             return;
         }
-        let lists = maintenance::manifest_lists(state.table.metadata(), &ids);
-        let built = maintenance::build_expiry(&state.table, &ids);
+        let lists = expiry::manifest_lists(state.table.metadata(), &ids);
+        let built = expiry::build_expiry(&state.table, &ids);
         if !self.commit_pass(state, "snapshot expiry", built, &[]).await {
             return;
         }
@@ -149,7 +149,7 @@ impl IcebergSink {
             tracing::warn!(table = %state.ident, "orphan cleanup: the table is not on a local warehouse; skipped");
             return;
         };
-        let referenced = match maintenance::referenced_files(&state.table).await {
+        let referenced = match orphans::referenced_files(&state.table).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(table = %state.ident, error = %e, "orphan cleanup failed; next turn");
@@ -162,7 +162,7 @@ impl IcebergSink {
         let ident = state.ident.clone();
         let uuid = state.table.metadata().uuid().to_string();
         let done = tokio::task::spawn_blocking(move || {
-            let orphans = maintenance::orphan_files(&table_dir, &uuid, &referenced, cutoff)?;
+            let orphans = orphans::orphan_files(&table_dir, &uuid, &referenced, cutoff)?;
             let mut removed = 0;
             for f in &orphans {
                 match std::fs::remove_file(f) {

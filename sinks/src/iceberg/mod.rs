@@ -9,9 +9,11 @@ mod catalog;
 pub mod commit;
 mod compaction;
 mod durable;
+mod expiry;
 mod files;
 pub mod maintenance;
 mod maintenance_turn;
+mod orphans;
 pub mod schema;
 
 use std::collections::HashMap;
