@@ -65,9 +65,51 @@ pub fn kill_9_runs(
     );
 }
 
-/// `urutau run PIPELINE --exit-when-caught-up`, which must succeed.
+/// `urutau run PIPELINE --exit-when-caught-up`, which must succeed within
+/// 10 minutes: a run that hangs fails the test (and is killed) instead of
+/// holding CI until its time limit.
 pub fn run_to_end(pipeline: &std::path::Path) -> std::process::Output {
-    let out = urutau(&["run", pipeline.to_str().unwrap(), "--exit-when-caught-up"]);
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", pipeline.to_str().unwrap(), "--exit-when-caught-up"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drained while it runs: a full pipe would stop the child.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            r.read_to_end(&mut buf).unwrap();
+            buf
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let err = stderr.join().unwrap();
+            let tail = &err[err.len().saturating_sub(4000)..];
+            panic!(
+                "`urutau run {}` did not end within 10 minutes; its log ends with:\n{}",
+                pipeline.display(),
+                String::from_utf8_lossy(tail)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = std::process::Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
     assert!(
         out.status.success(),
         "{}",
