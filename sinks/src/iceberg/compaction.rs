@@ -77,6 +77,21 @@ pub async fn live_files(table: &Table) -> Result<Vec<LiveFile>, SinkError> {
     Ok(live)
 }
 
+/// Whether the current snapshot's summary leaves room for `min_files`
+/// candidates (its file totals bound them), so a turn that cannot compact
+/// reads no manifest. Without totals, it may.
+pub fn may_compact(table: &Table, min_files: usize) -> bool {
+    let Some(snapshot) = table.metadata().current_snapshot() else {
+        return false;
+    };
+    let props = &snapshot.summary().additional_properties;
+    let total = |k: &str| props.get(k).and_then(|v| v.parse::<usize>().ok());
+    match (total("total-data-files"), total("total-delete-files")) {
+        (Some(data), Some(deletes)) => data + deletes >= min_files,
+        _ => true,
+    }
+}
+
 /// How many of `live` a compaction would merge away: data files smaller
 /// than `target_size`, and every delete file.
 pub fn candidates(live: &[LiveFile], target_size: u64) -> usize {

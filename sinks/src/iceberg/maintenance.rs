@@ -155,12 +155,11 @@ impl Maintenance {
     /// The passes that run, for `plan --explain`
     /// (`maintenance=[compaction every 5m, ...]`); `None` when none.
     pub fn describe(&self) -> Option<String> {
-        let secs = |d: Duration| humantime(d);
         let mut parts = Vec::new();
         if let Some(c) = &self.compaction {
             parts.push(format!(
                 "compaction every {} (>= {} files, {} bytes)",
-                secs(c.interval),
+                humantime(c.interval),
                 c.min_input_files,
                 c.target_file_size
             ));
@@ -168,16 +167,16 @@ impl Maintenance {
         if let Some(e) = &self.expiry {
             parts.push(format!(
                 "snapshot expiry every {} (keep {}, max age {})",
-                secs(e.interval),
+                humantime(e.interval),
                 e.retain_last,
-                secs(e.max_age)
+                humantime(e.max_age)
             ));
         }
         if let Some(o) = &self.orphans {
             parts.push(format!(
                 "orphan cleanup every {} (older than {})",
-                secs(o.interval),
-                secs(o.older_than)
+                humantime(o.interval),
+                humantime(o.older_than)
             ));
         }
         (!parts.is_empty()).then(|| format!("maintenance=[{}]", parts.join(", ")))

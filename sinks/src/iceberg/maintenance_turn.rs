@@ -73,7 +73,9 @@ impl IcebergSink {
         let Some(policy) = &self.maintenance.compaction else {
             return;
         };
-        if !take_turn(&mut state.last_compaction, policy.interval) {
+        if !take_turn(&mut state.last_compaction, policy.interval)
+            || !compaction::may_compact(&state.table, policy.min_input_files)
+        {
             return;
         }
         let live = match compaction::live_files(&state.table).await {
