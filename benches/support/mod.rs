@@ -180,3 +180,18 @@ pub fn table_batches(rows: usize, batch_rows: usize, tz: &str) -> Vec<RecordBatc
         })
         .collect()
 }
+
+/// CPU time (user + system, every thread) this process has used so far, in
+/// seconds: how much of the two cores a run took, beside its wall time.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces, in parentheses).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 here.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
+        .sum();
+    ticks / 100.0
+}

@@ -300,35 +300,58 @@ pub async fn build_row_delta(
         _ => Operation::Overwrite,
     };
 
-    let mut manifests: Vec<ManifestFile> = Vec::new();
-    if !delta.data_files.is_empty() {
-        let files = ManifestFiles::Added(&delta.data_files);
-        manifests.push(snap.manifest("-m0.avro", &spec, false, files).await?);
-    }
-    if !delta.delete_files.is_empty() {
-        let files = ManifestFiles::Added(&delta.delete_files);
-        manifests.push(
-            snap.manifest("-m1.avro", &delta.delete_spec, true, files)
-                .await?,
-        );
-    }
+    // The two manifests are written, and the parent's list read, at once:
+    // a commit waits for the slowest of their syncs, not for their sum.
+    let data_manifest = async {
+        match delta.data_files.is_empty() {
+            true => Ok(None),
+            false => {
+                let files = ManifestFiles::Added(&delta.data_files);
+                snap.manifest("-m0.avro", &spec, false, files)
+                    .await
+                    .map(Some)
+            }
+        }
+    };
+    let delete_manifest = async {
+        match delta.delete_files.is_empty() {
+            true => Ok(None),
+            false => {
+                let files = ManifestFiles::Added(&delta.delete_files);
+                snap.manifest("-m1.avro", &delta.delete_spec, true, files)
+                    .await
+                    .map(Some)
+            }
+        }
+    };
     // The parent's manifests carry forward unchanged (they keep their
     // sequence numbers). A manifest with no live file left (compaction's
     // deleted entries) is dropped: readers would skip it, and orphan
     // cleanup can then reclaim the files it lists once no kept snapshot
     // reads them.
-    if let Some(p) = parent {
-        let list = table
-            .manifest_list_reader(p)
-            .load()
-            .await
-            .map_err(snapshot_error)?;
-        manifests.extend(
-            list.consume_entries()
-                .into_iter()
-                .filter(|m| m.has_added_files() || m.has_existing_files()),
-        );
-    }
+    let carried = async {
+        match parent {
+            None => Ok(Vec::new()),
+            Some(p) => table
+                .manifest_list_reader(p)
+                .load()
+                .await
+                .map_err(snapshot_error)
+                .map(|list| {
+                    list.consume_entries()
+                        .into_iter()
+                        .filter(|m| m.has_added_files() || m.has_existing_files())
+                        .collect::<Vec<_>>()
+                }),
+        }
+    };
+    let (data_manifest, delete_manifest, carried) =
+        tokio::try_join!(data_manifest, delete_manifest, carried)?;
+    let manifests: Vec<ManifestFile> = data_manifest
+        .into_iter()
+        .chain(delete_manifest)
+        .chain(carried)
+        .collect();
     let snapshot = snap.finish(manifests, operation, props).await?;
     let current = table
         .metadata_location_result()

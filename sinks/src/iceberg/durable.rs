@@ -12,8 +12,8 @@
 //! directories of every file the commit added. Remote storage (S3) needs
 //! none of this: a completed PUT is durable.
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
 
 use urutau_planner::sink::SinkError;
 
@@ -38,50 +38,99 @@ pub fn local_path(location: &str) -> Option<PathBuf> {
     location.starts_with('/').then(|| PathBuf::from(location))
 }
 
-/// Syncs the local files in `files` and the directories holding every
-/// local path in `files` and `entries` (files whose content is already
-/// durable, but whose directory entry is new), and their ancestors up to
-/// `root` (the table's location: a partition directory may be new too).
-/// Object-storage locations are skipped.
-pub async fn sync_local(
-    files: Vec<String>,
-    entries: Vec<String>,
-    root: &str,
-) -> Result<(), SinkError> {
-    let files: Vec<PathBuf> = files.iter().filter_map(|l| local_path(l)).collect();
-    let root = local_path(root);
+/// Directories whose own entry (in their parent) this process has made
+/// durable: a commit then syncs only the directories that gained entries,
+/// not their ancestors again. Kept per catalog connection; a directory
+/// removed and made again by someone else is synced again only after a
+/// restart (urutau itself never removes a table's directories).
+#[derive(Debug, Default)]
+pub struct DurableDirs(std::sync::Mutex<HashSet<PathBuf>>);
+
+impl DurableDirs {
+    fn contains(&self, dir: &Path) -> bool {
+        self.0.lock().is_ok_and(|d| d.contains(dir))
+    }
+
+    fn extend(&self, dirs: impl IntoIterator<Item = PathBuf>) {
+        if let Ok(mut d) = self.0.lock() {
+            d.extend(dirs);
+        }
+    }
+}
+
+/// The directories to sync for new entries at `paths`: each path's
+/// directory, and, up to `root`, the parent of every such directory whose
+/// own entry `known` does not hold (those are returned second: their
+/// entries are durable once the sync succeeds).
+fn dirs_to_sync<'a>(
+    paths: impl Iterator<Item = &'a PathBuf>,
+    root: Option<&Path>,
+    known: &DurableDirs,
+) -> (BTreeSet<PathBuf>, Vec<PathBuf>) {
     let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
-    for path in files
-        .iter()
-        .cloned()
-        .chain(entries.iter().filter_map(|l| local_path(l)))
-    {
+    let mut entered: Vec<PathBuf> = Vec::new();
+    for path in paths {
         let mut dir = path.parent();
         while let Some(d) = dir {
             if !dirs.insert(d.to_path_buf()) {
                 break;
             }
-            match &root {
-                Some(r) if d.starts_with(r) && d != r.as_path() => dir = d.parent(),
+            match root {
+                Some(r) if d.starts_with(r) && d != r && !known.contains(d) => {
+                    entered.push(d.to_path_buf());
+                    dir = d.parent();
+                }
                 _ => break,
             }
         }
     }
-    if files.is_empty() && dirs.is_empty() {
-        return Ok(());
-    }
-    tokio::task::spawn_blocking(move || {
-        for path in files.iter().chain(dirs.iter()) {
+    (dirs, entered)
+}
+
+/// Syncs the local files in `files` and the directories holding every
+/// local path in `files` and `entries` (files whose content is already
+/// durable, but whose directory entry is new), and, up to `root` (the
+/// table's location: a partition directory may be new too), the parent of
+/// every such directory whose own entry `known` does not hold yet.
+/// Object-storage locations are skipped. The syncs run at once, each on a
+/// blocking thread: a commit waits for the slowest, not for their sum.
+pub async fn sync_local(
+    files: Vec<String>,
+    entries: Vec<String>,
+    root: &str,
+    known: &DurableDirs,
+) -> Result<(), SinkError> {
+    let files: Vec<PathBuf> = files.iter().filter_map(|l| local_path(l)).collect();
+    let entries: Vec<PathBuf> = entries.iter().filter_map(|l| local_path(l)).collect();
+    let (dirs, entered) = dirs_to_sync(
+        files.iter().chain(&entries),
+        local_path(root).as_deref(),
+        known,
+    );
+    let mut syncs = tokio::task::JoinSet::new();
+    for path in files.into_iter().chain(dirs) {
+        syncs.spawn_blocking(move || {
             // A read-only handle can be synced; a directory can only be
             // opened read-only.
-            std::fs::File::open(path)
+            std::fs::File::open(&path)
                 .and_then(|f| f.sync_all())
-                .map_err(|e| SinkError::Io(format!("syncing {}: {e}", path.display())))?;
+                .map_err(|e| SinkError::Io(format!("syncing {}: {e}", path.display())))
+        });
+    }
+    let mut first_error = None;
+    while let Some(done) = syncs.join_next().await {
+        let result = done.map_err(|e| SinkError::Io(format!("syncing the commit's files: {e}")))?;
+        if let Err(e) = result {
+            first_error.get_or_insert(e);
         }
-        Ok(())
-    })
-    .await
-    .map_err(|e| SinkError::Io(format!("syncing the commit's files: {e}")))?
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => {
+            known.extend(entered);
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -121,15 +170,43 @@ mod tests {
                 "s3://b/k".to_string(),
             ],
             &dir.path().display().to_string(),
+            &DurableDirs::default(),
         )
         .await
         .unwrap();
         // A file that is not there is an error naming it, never a silent
         // success.
         let missing = dir.path().join("gone.json").display().to_string();
-        let err = sync_local(vec![missing.clone()], vec![], "/")
+        let err = sync_local(vec![missing.clone()], vec![], "/", &DurableDirs::default())
             .await
             .unwrap_err();
         assert!(err.to_string().contains(&missing), "{err}");
+    }
+
+    #[test]
+    fn a_directory_whose_entry_is_durable_is_not_climbed_again() {
+        let root = PathBuf::from("/w/t");
+        let known = DurableDirs::default();
+        let paths = [
+            PathBuf::from("/w/t/data/day=1/a.parquet"),
+            PathBuf::from("/w/t/metadata/v2.metadata.json"),
+        ];
+        let set = |v: &[&str]| v.iter().map(PathBuf::from).collect::<BTreeSet<_>>();
+        // First commit: every new directory's parent, up to the table.
+        let (dirs, entered) = dirs_to_sync(paths.iter(), Some(&root), &known);
+        assert_eq!(
+            dirs,
+            set(&["/w/t", "/w/t/data", "/w/t/data/day=1", "/w/t/metadata"])
+        );
+        known.extend(entered);
+        // Next commit: only the directories that gained entries.
+        let (dirs, entered) = dirs_to_sync(paths.iter(), Some(&root), &known);
+        assert_eq!(dirs, set(&["/w/t/data/day=1", "/w/t/metadata"]));
+        assert!(entered.is_empty());
+        // A new partition directory: it and its parent (its entry).
+        let new = [PathBuf::from("/w/t/data/day=2/b.parquet")];
+        let (dirs, entered) = dirs_to_sync(new.iter(), Some(&root), &known);
+        assert_eq!(dirs, set(&["/w/t/data", "/w/t/data/day=2"]));
+        assert_eq!(entered, vec![PathBuf::from("/w/t/data/day=2")]);
     }
 }

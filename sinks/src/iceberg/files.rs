@@ -18,14 +18,31 @@ use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use urutau_planner::sink::SinkError;
 
 use super::io_error;
 
-fn properties() -> WriterProperties {
-    WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+/// Parquet settings: ZSTD, and no dictionary for the `plain` columns (a
+/// table's key columns: a commit, collapsed per key, and a delete file hold
+/// each key once, so a dictionary of them costs time and space for
+/// nothing).
+fn properties(plain: impl IntoIterator<Item = String>) -> WriterProperties {
+    plain
+        .into_iter()
+        .fold(
+            WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::default())),
+            |b, column| b.set_column_dictionary_enabled(ColumnPath::new(vec![column]), false),
+        )
         .build()
+}
+
+/// The names of `schema`'s key (identifier) columns.
+fn key_names(schema: &iceberg::spec::Schema) -> Vec<String> {
+    schema
+        .identifier_field_ids()
+        .filter_map(|id| schema.name_by_field_id(id).map(str::to_string))
+        .collect()
 }
 
 /// File names unique across commits and processes.
@@ -115,7 +132,7 @@ impl DataWriter {
                         self.closed.extend(oldest.close().await.map_err(&err)?);
                     }
                     let rolling = RollingFileWriterBuilder::new(
-                        ParquetWriterBuilder::new(properties(), schema.clone()),
+                        ParquetWriterBuilder::new(properties(key_names(&schema)), schema.clone()),
                         self.target_size,
                         table.file_io().clone(),
                         DefaultLocationGenerator::new(md).map_err(&err)?,
@@ -161,7 +178,10 @@ pub async fn write_equality_deletes(
     let err = io_error("writing equality-delete files");
     let key_schema = Arc::new(arrow_schema_to_schema(keys.schema().as_ref()).map_err(&err)?);
     let mut w = RollingFileWriterBuilder::new_with_default_file_size(
-        ParquetWriterBuilder::new(properties(), key_schema),
+        ParquetWriterBuilder::new(
+            properties(keys.schema().fields().iter().map(|f| f.name().clone())),
+            key_schema,
+        ),
         table.file_io().clone(),
         DefaultLocationGenerator::new(table.metadata()).map_err(&err)?,
         names("eq-deletes"),
@@ -180,4 +200,21 @@ pub async fn write_equality_deletes(
                 .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_columns_are_written_without_a_dictionary() {
+        let props = properties(["id".to_string()]);
+        let column = |n: &str| ColumnPath::new(vec![n.to_string()]);
+        assert!(!props.dictionary_enabled(&column("id")));
+        assert!(props.dictionary_enabled(&column("status")));
+        assert_eq!(
+            props.compression(&column("id")),
+            Compression::ZSTD(ZstdLevel::default())
+        );
+    }
 }

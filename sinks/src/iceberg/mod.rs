@@ -321,7 +321,7 @@ impl IcebergSink {
                 } else {
                     SqlCatalogConn::connect(&self.uri, &self.warehouse, &self.catalog_name)
                         .await
-                        .map(Conn::Sql)
+                        .map(|c| Conn::Sql(Box::new(c)))
                 }
             })
             .await
@@ -560,7 +560,6 @@ impl Sink for IcebergSink {
         let mut deletes = None;
         let data = match target.mode {
             WriteMode::Upsert => {
-                let keep = not(&batch.deletes).map_err(io_error("selecting rows"))?;
                 let keys: Vec<ArrayRef> = s
                     .key_indices
                     .iter()
@@ -575,7 +574,13 @@ impl Sink for IcebergSink {
                 deletes = Some(tokio::spawn(async move {
                     files::write_equality_deletes(&table, keys, &key_ids, spec_id).await
                 }));
-                filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?
+                // Rows that stay: every key's latest image, unless deleted.
+                if batch.deletes.true_count() == 0 {
+                    rows
+                } else {
+                    let keep = not(&batch.deletes).map_err(io_error("selecting rows"))?;
+                    filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?
+                }
             }
             WriteMode::Append | WriteMode::AppendIdempotent => rows,
         };

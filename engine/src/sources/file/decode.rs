@@ -163,17 +163,17 @@ impl TableDecoder {
         self.context.open_rows()
     }
 
-    /// Decodes one row image (a JSON object) at `line`.
+    /// Decodes one row image (the text of a JSON object) at `line`.
     pub fn append_row(
         &mut self,
-        raw: &RawValue,
+        raw: &str,
         kind: RowKind,
         commit_ts_micros: Option<i64>,
         snapshot: bool,
         line: u64,
     ) -> Result<(), DecodeError> {
         self.set.iter_mut().for_each(|s| *s = false);
-        let mut de = serde_json::Deserializer::from_str(raw.get());
+        let mut de = serde_json::Deserializer::from_str(raw);
         let mut failed_field = None;
         let visitor = RowVisitor {
             decoder: self,
@@ -374,8 +374,44 @@ fn append_default(b: &mut Builder, line: u64) {
 /// plain object (or a key uses escapes): the caller then decides the
 /// conservative way.
 pub fn top_level_fields<'a>(raw: &'a str, wanted: &[String]) -> Option<Vec<Option<&'a str>>> {
+    let mut found = vec![None; wanted.len()];
+    top_level_fields_into(raw, wanted, &mut found).then_some(found)
+}
+
+/// Whether the named top-level fields differ between two JSON objects
+/// (true too when either is not a plain object: the conservative answer).
+/// No allocation for up to four fields: it runs for every update.
+pub fn top_level_fields_differ(a: &str, b: &str, wanted: &[String]) -> bool {
+    const INLINE: usize = 4;
+    if wanted.len() > INLINE {
+        return match (top_level_fields(a, wanted), top_level_fields(b, wanted)) {
+            (Some(x), Some(y)) => x != y,
+            _ => true,
+        };
+    }
+    let (mut x, mut y) = ([None; INLINE], [None; INLINE]);
+    let n = wanted.len();
+    !(top_level_fields_into(a, wanted, &mut x[..n])
+        && top_level_fields_into(b, wanted, &mut y[..n])
+        && x[..n] == y[..n])
+}
+
+/// [`top_level_fields`] into `found` (one slot per wanted name, `None`
+/// on entry); false when the text is not a plain object.
+fn top_level_fields_into<'a>(
+    raw: &'a str,
+    wanted: &[String],
+    found: &mut [Option<&'a str>],
+) -> bool {
+    top_level_scan(raw, wanted, found).is_some()
+}
+
+fn top_level_scan<'a>(
+    raw: &'a str,
+    wanted: &[String],
+    found: &mut [Option<&'a str>],
+) -> Option<()> {
     let b = raw.as_bytes();
-    let mut found: Vec<Option<&'a str>> = vec![None; wanted.len()];
     let mut left = wanted.len();
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
@@ -383,7 +419,7 @@ pub fn top_level_fields<'a>(raw: &'a str, wanted: &[String]) -> Option<Vec<Optio
     }
     i = skip_ws(b, i + 1);
     if b.get(i) == Some(&b'}') {
-        return Some(found);
+        return Some(());
     }
     loop {
         if b.get(i) != Some(&b'"') {
@@ -406,13 +442,13 @@ pub fn top_level_fields<'a>(raw: &'a str, wanted: &[String]) -> Option<Vec<Optio
             found[k] = Some(&raw[i..value_end]);
             left -= 1;
             if left == 0 {
-                return Some(found);
+                return Some(());
             }
         }
         i = skip_ws(b, value_end);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return Some(found),
+            Some(b'}') => return Some(()),
             _ => return None,
         }
     }
@@ -994,6 +1030,17 @@ mod tests {
         assert_eq!(f, vec![None]);
         assert!(top_level_fields("[1]", &["a".to_string()]).is_none());
         assert!(top_level_fields(r#"{"a": 1"#, &["b".to_string()]).is_none());
+        let id = ["id".to_string()];
+        assert!(!top_level_fields_differ(raw, r#"{"x": 1, "id": 7}"#, &id));
+        assert!(top_level_fields_differ(raw, r#"{"id": 8}"#, &id));
+        assert!(top_level_fields_differ(raw, "[1]", &id));
+        let many: Vec<String> = ["a", "b", "c", "d", "id"].map(String::from).to_vec();
+        assert!(!top_level_fields_differ(raw, r#"{"id": 7}"#, &many));
+        assert!(top_level_fields_differ(
+            raw,
+            r#"{"id": 7, "e": 1, "a": 2}"#,
+            &many
+        ));
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! `CREATE TABLE source.table (...)` (YAML: `columns:`). Position: the byte
 //! offset of the next unread line (`name:offset` in a directory).
 
+mod assemble;
+mod chunk;
 pub mod decode;
 pub mod reader;
 

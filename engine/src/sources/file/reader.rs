@@ -5,6 +5,10 @@
 //! follow each other form one transaction; any other line is a transaction
 //! of its own. A batch closes only between transactions. The position of a
 //! transaction is the byte offset of the line after it.
+//!
+//! This module is the framing stage (lines, envelopes, transaction and
+//! batch boundaries); the row images are decoded on a second thread by
+//! [`super::assemble`], fed with [`Chunk`]s.
 
 use std::borrow::Cow;
 use std::fs::File;
@@ -12,6 +16,7 @@ use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -19,11 +24,23 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use urutau_planner::plan::{BeforeImages, SourceTablePlan};
 
-use super::decode::{TableDecoder, top_level_fields};
+use super::assemble::{Assembler, DecodedTable, run_assembler};
+use super::chunk::{Chunk, RowImage, Step};
+use super::decode::{TableDecoder, top_level_fields_differ};
 use crate::batching::BatchPolicy;
 use crate::change_batch::RowKind;
-use crate::position::{FilePosition, Position};
-use crate::sources::{SourceBatch, SourceError, TableChanges};
+use crate::position::FilePosition;
+use crate::sources::{SourceBatch, SourceError};
+
+/// A chunk goes to the decoding stage once it holds this many steps or
+/// bytes (or sooner: at a batch's end, when the input pauses, at a file's
+/// end). Small enough to stay in cache, large enough that handing it over
+/// costs nothing per line.
+const CHUNK_STEPS: usize = 2048;
+const CHUNK_BYTES: usize = 512 << 10;
+/// Chunks in flight between the stages (memory: this many times
+/// `CHUNK_BYTES`, plus the batches the decoding stage holds).
+const CHUNKS_IN_FLIGHT: usize = 4;
 
 /// What the reader needs to know.
 pub struct ReaderConfig {
@@ -42,6 +59,12 @@ pub struct TableConfig {
     pub before_images: BeforeImages,
 }
 
+/// What the framing stage knows of a routed table.
+struct FramedTable {
+    table: Vec<String>,
+    before_images: BeforeImages,
+}
+
 impl TableConfig {
     /// The reader's view of a planned table.
     pub fn from_plan(plan: &SourceTablePlan) -> Self {
@@ -55,7 +78,9 @@ impl TableConfig {
             before_images: plan.before_images.clone(),
         }
     }
+}
 
+impl FramedTable {
     /// Whether an update needs its before image emitted.
     fn wants_before(&self, before: Option<&RawValue>, after: Option<&RawValue>) -> bool {
         let Some(before) = before else { return false };
@@ -64,14 +89,8 @@ impl TableConfig {
             BeforeImages::Always => true,
             BeforeImages::OnKeyChange(columns) => {
                 let Some(after) = after else { return true };
-                match (
-                    top_level_fields(before.get(), columns),
-                    top_level_fields(after.get(), columns),
-                ) {
-                    (Some(b), Some(a)) => b != a,
-                    // Not a plain object: the full decode will say why.
-                    _ => true,
-                }
+                // Not a plain object: the full decode will say why.
+                top_level_fields_differ(before.get(), after.get(), columns)
             }
         }
     }
@@ -111,15 +130,6 @@ struct TransactionInfo<'a> {
     id: Option<&'a RawValue>,
 }
 
-/// The text form of a file position (as [`Position`]'s `Display`).
-fn write_position(out: &mut String, p: &FilePosition) {
-    use std::fmt::Write as _;
-    let _ = match &p.file {
-        Some(f) => write!(out, "{f}:{}", p.offset),
-        None => write!(out, "{}", p.offset),
-    };
-}
-
 /// The row images of one event (at most two), in emission order.
 type RowImages<'a> = [Option<(RowKind, Option<&'a RawValue>)>; 2];
 
@@ -133,26 +143,42 @@ struct FileCursor {
     stop_at: Option<u64>,
 }
 
-/// The reader's state while it runs.
+/// The framing stage's settings (the decoders went to the decoding stage).
+struct FramingConfig {
+    path: PathBuf,
+    tables: Vec<FramedTable>,
+    start: Option<FilePosition>,
+    exit_when_caught_up: bool,
+    policy: BatchPolicy,
+}
+
+/// The framing stage's state while it runs.
 struct Reader {
-    cfg: ReaderConfig,
+    cfg: FramingConfig,
     dir: bool,
     /// Files of a directory still to read after the current one.
     queue: Vec<(String, PathBuf, Option<u64>)>,
     current: Option<FileCursor>,
-    line_buf: Vec<u8>,
-    /// Open transaction: its id, and whether it holds rows.
+    /// The text of the chunk being filled: whole lines, the current one
+    /// last, from `line_start`.
+    text: Vec<u8>,
+    line_start: usize,
+    /// The steps of the chunk being filled.
+    steps: Vec<Step>,
+    /// Where chunks go, and spent buffers come back from.
+    chunks: SyncSender<Chunk>,
+    spare: Receiver<(Vec<u8>, Vec<Step>)>,
+    /// Open transaction: its id.
     open_tx: Option<String>,
+    /// Rows since the last transaction end (they need a position).
+    open_rows: usize,
     /// Position after the last closed transaction.
     closed_at: Option<FilePosition>,
     batch_lines: usize,
     batch_rows: usize,
     batch_opened: Option<Instant>,
-    warned: std::collections::HashSet<String>,
-    /// A batch closed while handling a line (before its rows).
-    ready: Option<SourceBatch>,
-    /// Reused for the text of positions.
-    pos_text: String,
+    /// The chunk being filled ends a batch (it goes at once).
+    batch_closed: bool,
 }
 
 fn list_dir(path: &Path) -> Result<Vec<(String, PathBuf)>, SourceError> {
@@ -201,7 +227,7 @@ fn open_at(
             left -= n as u64;
         }
     }
-    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut reader = BufReader::with_capacity(1 << 17, file);
     reader
         .seek(SeekFrom::Start(offset))
         .map_err(|e| SourceError::new(format!("{}: {e}", path.display())))?;
@@ -224,7 +250,11 @@ enum LineRead {
 }
 
 impl Reader {
-    fn new(cfg: ReaderConfig) -> Result<Reader, SourceError> {
+    fn new(
+        cfg: FramingConfig,
+        chunks: SyncSender<Chunk>,
+        spare: Receiver<(Vec<u8>, Vec<Step>)>,
+    ) -> Result<Reader, SourceError> {
         let meta = std::fs::metadata(&cfg.path)
             .map_err(|e| SourceError::new(format!("{}: {e}", cfg.path.display())))?;
         let dir = meta.is_dir();
@@ -232,15 +262,18 @@ impl Reader {
             dir,
             queue: vec![],
             current: None,
-            line_buf: Vec::with_capacity(4096),
+            text: Vec::with_capacity(CHUNK_BYTES + (64 << 10)),
+            line_start: 0,
+            steps: Vec::with_capacity(CHUNK_STEPS + 2),
+            chunks,
+            spare,
             open_tx: None,
+            open_rows: 0,
             closed_at: None,
             batch_lines: 0,
             batch_rows: 0,
             batch_opened: None,
-            warned: Default::default(),
-            ready: None,
-            pos_text: String::new(),
+            batch_closed: false,
             cfg,
         };
         let exit = reader.cfg.exit_when_caught_up;
@@ -310,7 +343,30 @@ impl Reader {
         })
     }
 
-    /// Reads the next complete line into `line_buf`.
+    /// Hands the chunk filled so far to the decoding stage. False when that
+    /// stage has ended (it sent an error, or nobody listens).
+    fn flush(&mut self) -> bool {
+        if self.text.is_empty() && self.steps.is_empty() {
+            return true;
+        }
+        let (file, path) = match &self.current {
+            Some(c) => (c.name.clone(), c.path.clone()),
+            None => (None, self.cfg.path.clone()),
+        };
+        let mut next = Chunk::new(file, path, self.spare.try_recv().ok());
+        if next.text.capacity() == 0 {
+            next.text.reserve(CHUNK_BYTES + (64 << 10));
+            next.steps.reserve(CHUNK_STEPS + 2);
+        }
+        std::mem::swap(&mut self.text, &mut next.text);
+        std::mem::swap(&mut self.steps, &mut next.steps);
+        self.line_start = 0;
+        self.batch_closed = false;
+        self.chunks.send(next).is_ok()
+    }
+
+    /// Reads the next complete line onto the end of `text`, from
+    /// `line_start`.
     fn read_line(&mut self) -> Result<LineRead, SourceError> {
         loop {
             if self.current.is_none() {
@@ -340,12 +396,12 @@ impl Reader {
                 self.finish_file()?;
                 continue;
             }
-            self.line_buf.clear();
+            self.line_start = self.text.len();
             let n = cur
                 .reader
-                .read_until(b'\n', &mut self.line_buf)
+                .read_until(b'\n', &mut self.text)
                 .map_err(|e| SourceError::new(format!("{}: {e}", cur.path.display())))?;
-            let complete = self.line_buf.last() == Some(&b'\n');
+            let complete = n > 0 && self.text.last() == Some(&b'\n');
             let at_stop = cur.stop_at.is_some_and(|s| cur.offset + n as u64 >= s);
             if n > 0 && (complete || at_stop) {
                 cur.offset += n as u64;
@@ -353,6 +409,7 @@ impl Reader {
                 return Ok(LineRead::Line);
             }
             // A partial line (the writer is mid-line) or the end of the file.
+            self.text.truncate(self.line_start);
             if n > 0 {
                 cur.reader
                     .seek(SeekFrom::Start(cur.offset))
@@ -386,10 +443,14 @@ impl Reader {
         }
     }
 
-    /// The end of a file ends any transaction open in it.
+    /// The end of a file ends any transaction open in it; its chunk goes
+    /// (a chunk holds lines of one file).
     fn finish_file(&mut self) -> Result<(), SourceError> {
         if self.open_tx.is_some() {
             self.close_transaction();
+        }
+        if !self.flush() {
+            return Err(SourceError::new("the file reader's decoding stage ended"));
         }
         self.current = None;
         Ok(())
@@ -399,14 +460,14 @@ impl Reader {
         let Some(pos) = self.position_here() else {
             return;
         };
-        if self.cfg.tables.iter().any(|t| t.decoder.open_rows() > 0) {
-            self.pos_text.clear();
-            write_position(&mut self.pos_text, &pos);
-            for t in &mut self.cfg.tables {
-                if t.decoder.open_rows() > 0 {
-                    t.decoder.close_transaction(&self.pos_text);
-                }
-            }
+        self.close_at(pos);
+    }
+
+    /// The open transaction ends at `pos` (in the current file).
+    fn close_at(&mut self, pos: FilePosition) {
+        if self.open_rows > 0 {
+            self.steps.push(Step::Close { offset: pos.offset });
+            self.open_rows = 0;
         }
         self.open_tx = None;
         self.closed_at = Some(pos);
@@ -419,15 +480,16 @@ impl Reader {
         }
     }
 
-    /// Decodes the line in `line_buf`.
+    /// Frames the line at the end of `text`.
     fn handle_line(&mut self) -> Result<(), SourceError> {
-        let buf = std::mem::take(&mut self.line_buf);
-        let result = self.handle_bytes(&buf);
-        self.line_buf = buf;
+        let text = std::mem::take(&mut self.text);
+        let result = self.handle_bytes(&text[self.line_start..], self.line_start);
+        self.text = text;
         result
     }
 
-    fn handle_bytes(&mut self, line_bytes: &[u8]) -> Result<(), SourceError> {
+    /// Frames one line, which starts at `base` in the chunk's text.
+    fn handle_bytes(&mut self, line_bytes: &[u8], base: usize) -> Result<(), SourceError> {
         let text =
             std::str::from_utf8(line_bytes).map_err(|_| self.error_at("the line is not UTF-8"))?;
         let text = text.trim();
@@ -468,14 +530,7 @@ impl Reader {
                     offset: c.offset - line_bytes.len() as u64,
                 }
             };
-            let text_pos = Position::File(line_start.clone()).to_string();
-            for t in &mut self.cfg.tables {
-                if t.decoder.open_rows() > 0 {
-                    t.decoder.close_transaction(&text_pos);
-                }
-            }
-            self.open_tx = None;
-            self.closed_at = Some(line_start);
+            self.close_at(line_start);
             // The batch may close right at the end of that transaction,
             // before this line's rows.
             if self
@@ -483,7 +538,7 @@ impl Reader {
                 .policy
                 .should_close(self.batch_rows, self.batch_opened)
             {
-                self.ready = self.take_batch()?;
+                self.take_batch();
                 self.batch_lines = 1;
                 self.batch_opened = Some(Instant::now());
             }
@@ -540,23 +595,19 @@ impl Reader {
                         "op `{op}` needs `{which}`, which is null or missing"
                     )));
                 };
-                let commit = if snapshot { None } else { commit_ts };
-                let result = self.cfg.tables[idx]
-                    .decoder
-                    .append_row(image, kind, commit, snapshot, line);
-                if let Err(e) = result {
-                    let table_name = self.cfg.tables[idx].table.join(".");
-                    return Err(self.error_at(format!("table {table_name}, {e}")));
-                }
+                // The image's place in the chunk's text.
+                let start = base + (image.get().as_ptr() as usize - line_bytes.as_ptr() as usize);
+                self.steps.push(Step::Row(RowImage {
+                    table: idx,
+                    kind,
+                    start,
+                    end: start + image.get().len(),
+                    commit_ts: if snapshot { None } else { commit_ts },
+                    snapshot,
+                    line,
+                }));
+                self.open_rows += 1;
                 self.batch_rows += 1;
-            }
-            if !self.cfg.tables[idx].decoder.undeclared.is_empty() {
-                let table_name = self.cfg.tables[idx].table.join(".");
-                for u in std::mem::take(&mut self.cfg.tables[idx].decoder.undeclared) {
-                    if self.warned.insert(format!("{table_name}.{u}")) {
-                        tracing::warn!(table = %table_name, field = %u, "the data has a field the table declaration lacks; it is not read");
-                    }
-                }
             }
         }
         match tx_id {
@@ -566,36 +617,16 @@ impl Reader {
         Ok(())
     }
 
-    /// Takes the closed transactions as a batch.
-    fn take_batch(&mut self) -> Result<Option<SourceBatch>, SourceError> {
+    /// Closes the batch: the closed transactions form it.
+    fn take_batch(&mut self) {
         let Some(end) = self.closed_at.clone() else {
-            return Ok(None);
+            return;
         };
-        let ingest = chrono::Utc::now().timestamp_micros();
-        let mut tables = Vec::new();
-        for t in &mut self.cfg.tables {
-            if t.decoder.rows() > 0 {
-                let batch = t.decoder.finish(ingest).map_err(|e| {
-                    SourceError::new(format!(
-                        "{}: table {}, {e}",
-                        self.cfg.path.display(),
-                        t.table.join(".")
-                    ))
-                })?;
-                tables.push(TableChanges {
-                    table: t.table.clone(),
-                    batch,
-                });
-            }
-        }
+        self.steps.push(Step::Take { end });
+        self.batch_closed = true;
         self.batch_lines = 0;
         self.batch_rows = 0;
         self.batch_opened = None;
-        Ok(Some(SourceBatch {
-            tables,
-            end: Position::File(end),
-            snapshot: Vec::new(),
-        }))
     }
 
     fn pending(&self) -> bool {
@@ -603,75 +634,121 @@ impl Reader {
     }
 }
 
-/// Runs the reader on the calling (blocking) thread until the input is
-/// caught up (exit mode), `stop` is set, or the receiver is gone.
+/// Runs the reader until the input is caught up (exit mode), `stop` is
+/// set, or the receiver is gone: the framing stage on the calling
+/// (blocking) thread, the decoding stage on a thread it starts.
 pub fn run_reader(
     cfg: ReaderConfig,
     tx: mpsc::Sender<Result<SourceBatch, SourceError>>,
     stop: Arc<AtomicBool>,
 ) {
-    // Sends what `step` produced; false when the run must end (an error
-    // was sent, or nobody listens any more).
-    let send = |result: Result<Option<SourceBatch>, SourceError>| -> bool {
-        match result {
-            Ok(Some(b)) => tx.blocking_send(Ok(b)).is_ok(),
-            Ok(None) => true,
-            Err(e) => {
-                let _ = tx.blocking_send(Err(e));
-                false
-            }
-        }
+    let mut framed = Vec::with_capacity(cfg.tables.len());
+    let mut decoded = Vec::with_capacity(cfg.tables.len());
+    for t in cfg.tables {
+        framed.push(FramedTable {
+            table: t.table.clone(),
+            before_images: t.before_images,
+        });
+        decoded.push(DecodedTable {
+            table: t.table,
+            decoder: t.decoder,
+        });
+    }
+    let framing = FramingConfig {
+        path: cfg.path.clone(),
+        tables: framed,
+        start: cfg.start,
+        exit_when_caught_up: cfg.exit_when_caught_up,
+        policy: cfg.policy,
     };
-    let mut reader = match Reader::new(cfg) {
+    let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
+    let (spare_tx, spare_rx) = std::sync::mpsc::channel();
+    let assembler = Assembler::new(decoded, cfg.path);
+    let out = tx.clone();
+    let name = std::thread::current()
+        .name()
+        .map_or("file-decode".to_string(), |n| format!("{n}-decode"));
+    let decoding = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || run_assembler(assembler, chunks_rx, spare_tx, out));
+    if let Err(e) = decoding {
+        let _ = tx.blocking_send(Err(SourceError::new(format!(
+            "cannot start the file reader's decoding thread: {e}"
+        ))));
+        return;
+    }
+    // Every batch and error now goes through the decoding stage, in order.
+    drop(tx);
+    let mut reader = match Reader::new(framing, chunks_tx.clone(), spare_rx) {
         Ok(r) => r,
         Err(e) => {
-            send(Err(e));
+            let _ = chunks_tx.send(Chunk {
+                file: None,
+                path: PathBuf::new(),
+                text: Vec::new(),
+                steps: vec![Step::Fail(e)],
+            });
             return;
         }
     };
+    drop(chunks_tx);
+    frame(&mut reader, &stop);
+}
+
+/// The framing loop. Returns when the input is caught up (exit mode),
+/// `stop` is set, the input is bad (the error is queued after everything
+/// before it), or the decoding stage has ended.
+fn frame(reader: &mut Reader, stop: &AtomicBool) {
     let poll = reader
         .cfg
         .policy
         .max_interval
         .min(Duration::from_millis(50))
         .max(Duration::from_millis(5));
+    // Queues an error after the steps before it.
+    let fail = |reader: &mut Reader, e: SourceError| {
+        reader.steps.push(Step::Fail(e));
+        reader.flush();
+    };
     while !stop.load(Ordering::Relaxed) {
         let read = match reader.read_line() {
             Ok(r) => r,
-            Err(e) => {
-                send(Err(e));
-                return;
-            }
+            Err(e) => return fail(reader, e),
         };
         match read {
             LineRead::Line => {
                 if let Err(e) = reader.handle_line() {
-                    send(Err(e));
-                    return;
-                }
-                if !send(Ok(reader.ready.take())) {
-                    return;
+                    return fail(reader, e);
                 }
                 let rows = reader.batch_lines.max(reader.batch_rows);
                 // The clock is read every 64 lines only; an idle source
                 // checks it while waiting.
                 if reader.open_tx.is_none()
                     && (rows >= reader.cfg.policy.max_rows
-                        || (rows % 64 == 0
+                        || (rows.is_multiple_of(64)
                             && reader.cfg.policy.should_close(rows, reader.batch_opened)))
-                    && !send(reader.take_batch())
                 {
+                    reader.take_batch();
+                }
+                // A closed batch goes at once; otherwise the chunk fills.
+                let full = reader.steps.len() >= CHUNK_STEPS || reader.text.len() >= CHUNK_BYTES;
+                if (reader.batch_closed || full) && !reader.flush() {
                     return;
                 }
             }
             LineRead::Wait => {
+                // What was read goes to the decoder before waiting.
+                if !reader.flush() {
+                    return;
+                }
                 if reader.pending()
                     && reader
                         .cfg
                         .policy
                         .should_close(reader.batch_lines, reader.batch_opened)
                 {
-                    if !send(reader.take_batch()) {
+                    reader.take_batch();
+                    if !reader.flush() {
                         return;
                     }
                 } else {
@@ -683,8 +760,9 @@ pub fn run_reader(
                     reader.close_transaction();
                 }
                 if reader.batch_lines > 0 {
-                    send(reader.take_batch());
+                    reader.take_batch();
                 }
+                reader.flush();
                 return;
             }
         }

@@ -26,7 +26,7 @@ pub enum Outcome {
 /// A connected catalog.
 #[derive(Debug)]
 pub enum Conn {
-    Sql(SqlCatalogConn),
+    Sql(Box<SqlCatalogConn>),
     Rest(Box<RestCatalogConn>),
 }
 

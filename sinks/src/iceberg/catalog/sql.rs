@@ -31,6 +31,8 @@ pub struct SqlCatalogConn {
     name: String,
     /// Postgres binds `$1`, SQLite `?`.
     dollar: bool,
+    /// Directories of the warehouse already made durable.
+    durable_dirs: durable::DurableDirs,
 }
 
 impl std::fmt::Debug for SqlCatalogConn {
@@ -134,6 +136,7 @@ impl SqlCatalogConn {
             pool,
             name: name.to_string(),
             dollar,
+            durable_dirs: durable::DurableDirs::default(),
         })
     }
 
@@ -183,7 +186,13 @@ impl SqlCatalogConn {
             .metadata_location_result()
             .map_err(io_error("creating the table"))?
             .to_string();
-        durable::sync_local(vec![location], vec![], table.metadata().location()).await?;
+        durable::sync_local(
+            vec![location],
+            vec![],
+            table.metadata().location(),
+            &self.durable_dirs,
+        )
+        .await?;
         Ok(table)
     }
 
@@ -206,7 +215,14 @@ impl SqlCatalogConn {
                 Err(e) => return Outcome::Unknown(e),
             };
         let root = table.metadata().location();
-        if let Err(e) = durable::sync_local(vec![location.clone()], added.to_vec(), root).await {
+        if let Err(e) = durable::sync_local(
+            vec![location.clone()],
+            added.to_vec(),
+            root,
+            &self.durable_dirs,
+        )
+        .await
+        {
             return Outcome::Unknown(e);
         }
         match self.swap(table.identifier(), &current, &location).await {

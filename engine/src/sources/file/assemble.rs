@@ -1,0 +1,159 @@
+//! The decoding stage of the file reader: replays the steps of each chunk
+//! (see [`super::chunk`]) — row images decoded into the tables' Arrow
+//! builders, positions given at transaction ends, batches finished and sent
+//! where the framing stage closed them, an error sent where it found one.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, Sender};
+
+use tokio::sync::mpsc;
+
+use super::chunk::{Chunk, RowImage, Step};
+use super::decode::TableDecoder;
+use crate::position::{FilePosition, Position};
+use crate::sources::{SourceBatch, SourceError, TableChanges};
+
+/// A routed table's name parts and decoder.
+pub struct DecodedTable {
+    pub table: Vec<String>,
+    pub decoder: TableDecoder,
+}
+
+/// The decoding stage's state.
+pub struct Assembler {
+    tables: Vec<DecodedTable>,
+    /// The source's path (a file or a directory), for messages.
+    source_path: PathBuf,
+    /// Undeclared fields already warned about.
+    warned: HashSet<String>,
+    /// Reused for the text of positions.
+    pos_text: String,
+}
+
+impl Assembler {
+    /// A stage decoding into `tables`.
+    pub fn new(tables: Vec<DecodedTable>, source_path: PathBuf) -> Self {
+        Assembler {
+            tables,
+            source_path,
+            warned: HashSet::new(),
+            pos_text: String::new(),
+        }
+    }
+
+    /// Replays a chunk's steps; a batch or an error goes to `out`. False
+    /// when the run must end (an error was sent, or nobody listens).
+    fn replay(
+        &mut self,
+        chunk: &Chunk,
+        out: &mpsc::Sender<Result<SourceBatch, SourceError>>,
+    ) -> bool {
+        for step in &chunk.steps {
+            let result = match step {
+                Step::Row(row) => self.decode_row(chunk, row).map(|()| None),
+                Step::Close { offset } => {
+                    self.close_transaction(chunk.file.as_deref(), *offset);
+                    Ok(None)
+                }
+                Step::Take { end } => self.take_batch(end).map(Some),
+                Step::Fail(e) => Err(e.clone()),
+            };
+            match result {
+                Ok(None) => {}
+                Ok(Some(batch)) => {
+                    if out.blocking_send(Ok(batch)).is_err() {
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    let _ = out.blocking_send(Err(e));
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn decode_row(&mut self, chunk: &Chunk, row: &RowImage) -> Result<(), SourceError> {
+        let t = &mut self.tables[row.table];
+        let line = row.line;
+        let fail = |message: String| {
+            SourceError::new(format!(
+                "{}:{line}: table {}, {message}",
+                chunk.path.display(),
+                t.table.join(".")
+            ))
+        };
+        let raw = std::str::from_utf8(&chunk.text[row.start..row.end])
+            .map_err(|_| fail("internal: a row image is not UTF-8".to_string()))?;
+        t.decoder
+            .append_row(raw, row.kind, row.commit_ts, row.snapshot, line)
+            .map_err(|e| fail(e.to_string()))?;
+        if !t.decoder.undeclared.is_empty() {
+            let table_name = t.table.join(".");
+            for u in std::mem::take(&mut t.decoder.undeclared) {
+                if self.warned.insert(format!("{table_name}.{u}")) {
+                    tracing::warn!(table = %table_name, field = %u, "the data has a field the table declaration lacks; it is not read");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn close_transaction(&mut self, file: Option<&str>, offset: u64) {
+        use std::fmt::Write as _;
+        self.pos_text.clear();
+        let _ = match file {
+            Some(f) => write!(self.pos_text, "{f}:{offset}"),
+            None => write!(self.pos_text, "{offset}"),
+        };
+        for t in &mut self.tables {
+            if t.decoder.open_rows() > 0 {
+                t.decoder.close_transaction(&self.pos_text);
+            }
+        }
+    }
+
+    fn take_batch(&mut self, end: &FilePosition) -> Result<SourceBatch, SourceError> {
+        let ingest = chrono::Utc::now().timestamp_micros();
+        let mut tables = Vec::new();
+        for t in &mut self.tables {
+            if t.decoder.rows() > 0 {
+                let batch = t.decoder.finish(ingest).map_err(|e| {
+                    SourceError::new(format!(
+                        "{}: table {}, {e}",
+                        self.source_path.display(),
+                        t.table.join(".")
+                    ))
+                })?;
+                tables.push(TableChanges {
+                    table: t.table.clone(),
+                    batch,
+                });
+            }
+        }
+        Ok(SourceBatch {
+            tables,
+            end: Position::File(end.clone()),
+            snapshot: Vec::new(),
+        })
+    }
+}
+
+/// Runs the decoding stage until the framing stage ends (its sender is
+/// dropped), an error is sent, or nobody listens. Spent chunks' buffers go
+/// back through `spare` for reuse.
+pub fn run_assembler(
+    mut assembler: Assembler,
+    chunks: Receiver<Chunk>,
+    spare: Sender<(Vec<u8>, Vec<Step>)>,
+    out: mpsc::Sender<Result<SourceBatch, SourceError>>,
+) {
+    while let Ok(chunk) = chunks.recv() {
+        if !assembler.replay(&chunk, &out) {
+            return;
+        }
+        let _ = spare.send((chunk.text, chunk.steps));
+    }
+}

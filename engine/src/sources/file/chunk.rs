@@ -1,0 +1,70 @@
+//! What the framing stage of the file reader hands to its decoding stage:
+//! the text of consecutive lines of one file, and the steps found in them,
+//! in input order.
+//!
+//! The reader runs in two stages on two threads so that a change file is
+//! decoded on two cores: framing (read the lines, parse each envelope, keep
+//! the transaction and batch boundaries) and decoding (row images into
+//! Arrow columns, batches out). Every decision about where a transaction or
+//! a batch ends is taken by the framing stage and recorded here as a step,
+//! so the decoding stage only replays them: the batches are the same as
+//! with one thread.
+
+use std::path::PathBuf;
+
+use crate::change_batch::RowKind;
+use crate::position::FilePosition;
+use crate::sources::SourceError;
+
+/// Lines of one file and the steps they hold.
+pub struct Chunk {
+    /// The file's name in a directory (positions are `name:offset`), or
+    /// `None` when the source is one file (positions are offsets).
+    pub file: Option<String>,
+    /// The file's path, for messages.
+    pub path: PathBuf,
+    /// The lines' bytes, as read (UTF-8, checked by the framing stage).
+    pub text: Vec<u8>,
+    /// What to do, in order.
+    pub steps: Vec<Step>,
+}
+
+/// A row image to decode: `text[start..end]` into table `table`.
+pub struct RowImage {
+    pub table: usize,
+    pub kind: RowKind,
+    pub start: usize,
+    pub end: usize,
+    pub commit_ts: Option<i64>,
+    pub snapshot: bool,
+    /// The line it is on (for messages).
+    pub line: u64,
+}
+
+/// One thing the decoding stage does.
+pub enum Step {
+    /// Decode a row image.
+    Row(RowImage),
+    /// The open transaction ends: its rows take the position `offset` (in
+    /// the chunk's file).
+    Close { offset: u64 },
+    /// The closed transactions form a batch ending at `end`.
+    Take { end: FilePosition },
+    /// The input is bad here: report it after everything before it.
+    Fail(SourceError),
+}
+
+impl Chunk {
+    /// An empty chunk of `file`, reusing `spare` buffers when given.
+    pub fn new(file: Option<String>, path: PathBuf, spare: Option<(Vec<u8>, Vec<Step>)>) -> Self {
+        let (mut text, mut steps) = spare.unwrap_or_default();
+        text.clear();
+        steps.clear();
+        Chunk {
+            file,
+            path,
+            text,
+            steps,
+        }
+    }
+}
