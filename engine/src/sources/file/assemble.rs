@@ -49,9 +49,13 @@ impl Assembler {
         chunk: &Chunk,
         out: &mpsc::Sender<Result<SourceBatch, SourceError>>,
     ) -> bool {
+        // The chunk's text checked as UTF-8 once, not image by image (its
+        // lines were checked one by one by the framing stage; only a chunk
+        // ending at a line that failed that check is not valid as a whole).
+        let text = std::str::from_utf8(&chunk.text).ok();
         for step in &chunk.steps {
             let result = match step {
-                Step::Row(row) => self.decode_row(chunk, row).map(|()| None),
+                Step::Row(row) => self.decode_row(chunk, text, row).map(|()| None),
                 Step::Close { offset } => {
                     self.close_transaction(chunk.file.as_deref(), *offset);
                     Ok(None)
@@ -75,7 +79,12 @@ impl Assembler {
         true
     }
 
-    fn decode_row(&mut self, chunk: &Chunk, row: &RowImage) -> Result<(), SourceError> {
+    fn decode_row(
+        &mut self,
+        chunk: &Chunk,
+        text: Option<&str>,
+        row: &RowImage,
+    ) -> Result<(), SourceError> {
         let t = &mut self.tables[row.table];
         let line = row.line;
         let fail = |message: String| {
@@ -85,8 +94,11 @@ impl Assembler {
                 t.table.join(".")
             ))
         };
-        let raw = std::str::from_utf8(&chunk.text[row.start..row.end])
-            .map_err(|_| fail("internal: a row image is not UTF-8".to_string()))?;
+        let raw = match text {
+            Some(text) => text.get(row.start..row.end),
+            None => std::str::from_utf8(&chunk.text[row.start..row.end]).ok(),
+        }
+        .ok_or_else(|| fail("internal: a row image is not UTF-8".to_string()))?;
         t.decoder
             .append_row(raw, row.kind, row.commit_ts, row.snapshot, line)
             .map_err(|e| fail(e.to_string()))?;

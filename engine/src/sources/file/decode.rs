@@ -534,9 +534,17 @@ impl<'de> Visitor<'de> for RowVisitor<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // Images usually list the columns in their declared order: the
+        // next one is tried before the name lookup.
+        let mut next = 0;
         while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
-            match self.decoder.index.get(key.as_ref()) {
-                Some(&i) => {
+            let known = match self.decoder.columns.get(next) {
+                Some(c) if c.name == key.as_ref() => Some(next),
+                _ => self.decoder.index.get(key.as_ref()).copied(),
+            };
+            match known {
+                Some(i) => {
+                    next = i + 1;
                     if self.decoder.set[i] {
                         *self.failed_field = Some(key.to_string());
                         return Err(de::Error::custom("appears twice in the row"));
