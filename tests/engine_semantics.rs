@@ -329,42 +329,77 @@ async fn a_crash_then_restart_ends_like_an_uninterrupted_run() {
     }
 }
 
+/// Lines for the reader's chunk tests: the seeded workload (multi-line
+/// transactions, key changes), one 5,000-line transaction (more than a
+/// chunk), and every 7th event wrapped as `{"payload": ...}`.
+fn chunk_workload() -> (Vec<String>, BTreeMap<i64, Option<String>>) {
+    let (mut lines, mut state) = workload(7, 20_000, 800);
+    for l in workload(8, 5_000, 800).0 {
+        let mut v: Value = serde_json::from_str(&l).unwrap();
+        v["source"]["txId"] = json!(999_999);
+        // Replayed on the state: the long transaction continues from it.
+        if !v["before"].is_null() {
+            state.remove(&v["before"]["id"].as_i64().unwrap());
+        }
+        if !v["after"].is_null() {
+            let a = &v["after"];
+            state.insert(a["id"].as_i64().unwrap(), a["v"].as_str().map(String::from));
+        }
+        lines.push(v.to_string());
+    }
+    for l in lines.iter_mut().skip(3).step_by(7) {
+        *l = json!({"payload": serde_json::from_str::<Value>(l).unwrap()}).to_string();
+    }
+    (lines, state)
+}
+
+/// An event line's envelope (unwrapped from `payload`).
+fn envelope(line: &str) -> Value {
+    let v: Value = serde_json::from_str(line).unwrap();
+    match v.get("payload") {
+        Some(p) => p.clone(),
+        None => v,
+    }
+}
+
+/// The reader's chunk tests' pipeline: `pipeline` plus an append route of
+/// each change's `_position`; batches close on rows only.
+fn chunk_pipeline(path: &Path, store: &str) -> String {
+    pipeline(path, store, 3001)
+        .replace("max_batch_interval = '10s'", "max_batch_interval = '1h'")
+        .replace(
+            "AS SELECT id, v, _op AS op FROM s.t;",
+            "AS SELECT id, v, _op AS op FROM s.t;
+             CREATE TABLE m.pos WITH (write_mode = 'append') AS SELECT id, _position AS pos FROM s.t;",
+        )
+}
+
 /// The file reader frames lines on one thread and decodes rows on another,
 /// handing over chunks of about 2,000 rows: transactions and batches that
-/// span those chunks keep their rows, their order and their positions.
+/// span those chunks keep their rows, their order and their positions, and
+/// the batches end exactly where one thread would end them.
 #[tokio::test]
 async fn transactions_spanning_the_readers_chunks_keep_their_positions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("chunks.jsonl");
-    let (mut lines, state) = workload(7, 20_000, 800);
-    // One long transaction too, across several chunks.
-    let mut long = workload(8, 5_000, 800).0;
-    for l in &mut long {
-        let mut v: Value = serde_json::from_str(l).unwrap();
-        v["source"]["txId"] = json!(999_999);
-        *l = v.to_string();
-    }
-    lines.extend(long.iter().cloned());
+    let (lines, state) = chunk_workload();
     write_lines(&path, &lines);
     let store = common::unique("chunks");
-    let text = pipeline(&path, &store, 3001).replace(
-        "AS SELECT id, v, _op AS op FROM s.t;",
-        "AS SELECT id, v, _op AS op FROM s.t;
-         CREATE TABLE m.pos WITH (write_mode = 'append') AS SELECT id, _position AS pos FROM s.t;",
-    );
-    run(&text).await.unwrap();
+    run(&chunk_pipeline(&path, &store)).await.unwrap();
 
-    // Where each line's transaction ends: lines sharing a txId with the
-    // next line end there only when the next line has another id.
+    // Where each line's transaction ends: a line without a txId ends its
+    // own; a run of lines sharing one ends at its last line.
     let offsets = line_end_offsets(&path);
-    let tx_of = |l: &str| serde_json::from_str::<Value>(l).unwrap()["source"]["txId"].clone();
-    let mut tx_end = vec![0u64; lines.len()];
-    let mut end = *offsets.last().unwrap();
-    for i in (0..lines.len()).rev() {
-        let ends_here = i + 1 == lines.len()
+    let tx_of = |l: &str| envelope(l)["source"]["txId"].clone();
+    let ends_tx = |i: usize| {
+        i + 1 == lines.len()
             || tx_of(&lines[i]).is_null()
-            || tx_of(&lines[i]) != tx_of(&lines[i + 1]);
-        if ends_here {
+            || tx_of(&lines[i]) != tx_of(&lines[i + 1])
+    };
+    let mut tx_end = vec![0u64; lines.len()];
+    let mut end = 0;
+    for i in (0..lines.len()).rev() {
+        if ends_tx(i) {
             end = offsets[i];
         }
         tx_end[i] = end;
@@ -376,34 +411,113 @@ async fn transactions_spanning_the_readers_chunks_keep_their_positions() {
     for (i, row) in pos.iter().enumerate() {
         assert_eq!(row[1], tx_end[i].to_string(), "line {}", i + 1);
     }
-    // Batches end only at transaction ends; the long transaction is one
-    // batch of its own; the state is the oracle's (the long transaction
-    // only touches keys the first part left, so replay the lines).
-    let ends: std::collections::BTreeSet<u64> = tx_end.iter().copied().collect();
-    let commits = &table(&store, "pos").commits;
-    assert!(commits.len() >= 6, "many batches ({})", commits.len());
-    for (p, n, _) in commits {
+    // The batches: each closes at the first transaction end where it holds
+    // 3,001 rows (a key change adds its before image for the upsert route).
+    let mut expected = Vec::new();
+    let mut held = 0;
+    for (i, line) in lines.iter().enumerate() {
+        let e = envelope(line);
+        let key_change = e["op"] == "u" && e["before"]["id"] != e["after"]["id"];
+        held += 1 + usize::from(key_change);
+        if ends_tx(i) && (held >= 3001 || i + 1 == lines.len()) {
+            expected.push(offsets[i].to_string());
+            held = 0;
+        }
+    }
+    let commits: Vec<String> = table(&store, "pos")
+        .commits
+        .iter()
+        .map(|c| c.0.clone())
+        .collect();
+    assert_eq!(commits, expected, "batch ends");
+    assert_eq!(rows(&store, "t"), oracle_rows(&state));
+}
+
+/// The same through a directory: a file's end ends the transaction open in
+/// it, and each row's position names its own file.
+#[tokio::test]
+async fn a_directory_read_in_chunks_gives_each_row_its_files_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, state) = chunk_workload();
+    // Three files, cut inside transactions (the long one among them).
+    let cuts = [0, 9_001, 22_500, lines.len()];
+    let mut expected_pos = Vec::new();
+    for (n, w) in cuts.windows(2).enumerate() {
+        let name = format!("part-{n}.jsonl");
+        let part = &lines[w[0]..w[1]];
+        let path = dir.path().join(&name);
+        write_lines(&path, part);
+        let offsets = line_end_offsets(&path);
+        let tx_of = |l: &str| envelope(l)["source"]["txId"].clone();
+        let mut end = 0;
+        let mut ends = vec![0u64; part.len()];
+        for i in (0..part.len()).rev() {
+            if i + 1 == part.len()
+                || tx_of(&part[i]).is_null()
+                || tx_of(&part[i]) != tx_of(&part[i + 1])
+            {
+                end = offsets[i];
+            }
+            ends[i] = end;
+        }
+        expected_pos.extend(ends.into_iter().map(|e| format!("{name}:{e}")));
+    }
+    let store = common::unique("chunkdir");
+    run(&chunk_pipeline(dir.path(), &store)).await.unwrap();
+    let pos = rows(&store, "pos");
+    assert_eq!(pos.len(), lines.len(), "every row once");
+    for (i, row) in pos.iter().enumerate() {
+        assert_eq!(row[1], expected_pos[i], "line {} of the input", i + 1);
+    }
+    let ends: std::collections::BTreeSet<&String> = expected_pos.iter().collect();
+    for (p, n, _) in &table(&store, "pos").commits {
         assert!(
-            ends.contains(&p.parse().unwrap()),
-            "commit at {p} ({n} rows) splits a transaction"
+            ends.contains(p),
+            "commit at {p} ({n} rows) is not a transaction end"
         );
     }
-    assert!(
-        commits.iter().any(|(_, n, _)| *n >= 5_000),
-        "the long transaction stays whole"
+    assert_eq!(rows(&store, "t"), oracle_rows(&state));
+}
+
+/// A batch that closes at the start of a bad line goes down with the line,
+/// as with one thread: the run fails there and never commits past the
+/// batch before.
+#[tokio::test]
+async fn a_batch_closed_by_a_bad_line_is_not_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("late.jsonl");
+    let mut bad = json!({"op": "c", "after": {"id": 9, "v": "x"}, "source": {"txId": 78}});
+    bad["source"]["schema"] = json!("public");
+    write_lines(
+        &path,
+        &[
+            ins(1, "a"),
+            event("c", None, Some(row(2, Some("b"))), Some(77)),
+            event("c", None, Some(row(3, Some("c"))), Some(77)),
+            bad.to_string(),
+        ],
     );
-    let mut expected = state;
-    for l in &long {
-        let v: Value = serde_json::from_str(l).unwrap();
-        if !v["before"].is_null() {
-            expected.remove(&v["before"]["id"].as_i64().unwrap());
-        }
-        if !v["after"].is_null() {
-            let a = &v["after"];
-            expected.insert(a["id"].as_i64().unwrap(), a["v"].as_str().map(String::from));
-        }
+    let store = common::unique("late");
+    let err = run(&pipeline(&path, &store, 1)).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("{}:4:", path.display())), "{msg}");
+    assert!(msg.contains("without `source.table`"), "{msg}");
+    let first_line_end = line_end_offsets(&path)[0].to_string();
+    for name in ["t", "log"] {
+        let t = MemoryStore::named(&store).table(name);
+        let position = t.as_ref().and_then(|t| t.position.clone());
+        assert!(
+            position.is_none() || position.as_deref() == Some(first_line_end.as_str()),
+            "{name}: committed up to {position:?}, past the first line"
+        );
+        let ids: Vec<String> = t
+            .map(|t| t.rows.iter().map(|r| r[0].clone()).collect())
+            .unwrap_or_default();
+        assert!(
+            !ids.contains(&"2".to_string()),
+            "{name}: the transaction before the bad line was committed: {ids:?}"
+        );
     }
-    assert_eq!(rows(&store, "t"), oracle_rows(&expected));
 }
 
 #[tokio::test]

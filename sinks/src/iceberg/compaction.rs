@@ -130,7 +130,12 @@ pub async fn build_compaction(
     )
     .with_data_file_concurrency_limit(1)
     .build();
-    let mut writer = DataWriter::new(table, usize::try_from(target_size).unwrap_or(usize::MAX));
+    // Keys may repeat (an append table): the key keeps its dictionary.
+    let mut writer = DataWriter::new(
+        table,
+        usize::try_from(target_size).unwrap_or(usize::MAX),
+        false,
+    );
     for f in live {
         let e = &f.entry;
         if e.content_type() != DataContentType::Data {

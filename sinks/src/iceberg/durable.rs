@@ -15,6 +15,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
+use futures::StreamExt;
 use urutau_planner::sink::SinkError;
 
 /// The local path of `location`, when it is on the local filesystem
@@ -92,8 +93,9 @@ fn dirs_to_sync<'a>(
 /// durable, but whose directory entry is new), and, up to `root` (the
 /// table's location: a partition directory may be new too), the parent of
 /// every such directory whose own entry `known` does not hold yet.
-/// Object-storage locations are skipped. The syncs run at once, each on a
-/// blocking thread: a commit waits for the slowest, not for their sum.
+/// Object-storage locations are skipped. The syncs run side by side (up to
+/// 16 at once), each on a blocking thread: a commit waits for about the
+/// slowest, not for their sum.
 pub async fn sync_local(
     files: Vec<String>,
     entries: Vec<String>,
@@ -107,18 +109,21 @@ pub async fn sync_local(
         local_path(root).as_deref(),
         known,
     );
-    let mut syncs = tokio::task::JoinSet::new();
-    for path in files.into_iter().chain(dirs) {
-        syncs.spawn_blocking(move || {
+    // At most this many at once (a compaction may touch hundreds of
+    // partition directories).
+    const AT_ONCE: usize = 16;
+    let mut syncs = futures::stream::iter(files.into_iter().chain(dirs).map(|path| {
+        tokio::task::spawn_blocking(move || {
             // A read-only handle can be synced; a directory can only be
             // opened read-only.
             std::fs::File::open(&path)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| SinkError::Io(format!("syncing {}: {e}", path.display())))
-        });
-    }
+        })
+    }))
+    .buffer_unordered(AT_ONCE);
     let mut first_error = None;
-    while let Some(done) = syncs.join_next().await {
+    while let Some(done) = syncs.next().await {
         let result = done.map_err(|e| SinkError::Io(format!("syncing the commit's files: {e}")))?;
         if let Err(e) = result {
             first_error.get_or_insert(e);

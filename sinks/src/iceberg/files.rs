@@ -23,10 +23,7 @@ use urutau_planner::sink::SinkError;
 
 use super::io_error;
 
-/// Parquet settings: ZSTD, and no dictionary for the `plain` columns (a
-/// table's key columns: a commit, collapsed per key, and a delete file hold
-/// each key once, so a dictionary of them costs time and space for
-/// nothing).
+/// Parquet settings: ZSTD, and no dictionary for the `plain` columns.
 fn properties(plain: impl IntoIterator<Item = String>) -> WriterProperties {
     plain
         .into_iter()
@@ -35,6 +32,18 @@ fn properties(plain: impl IntoIterator<Item = String>) -> WriterProperties {
             |b, column| b.set_column_dictionary_enabled(ColumnPath::new(vec![column]), false),
         )
         .build()
+}
+
+/// The column of a one-column key, when the file holds each key once (an
+/// upsert's data files, collapsed per key, and every equality-delete
+/// file): a dictionary of unique values costs time and space for nothing.
+/// A column of a composite key (say a tenant id) repeats, and so do the
+/// keys of an append table: they keep their dictionary.
+fn unique_key_column(names: Vec<String>, unique: bool) -> Option<String> {
+    match <[String; 1]>::try_from(names) {
+        Ok([name]) if unique => Some(name),
+        _ => None,
+    }
 }
 
 /// The names of `schema`'s key (identifier) columns.
@@ -55,11 +64,16 @@ fn names(kind: &str) -> DefaultFileNameGenerator {
 }
 
 /// Writes `batch` (the table's Arrow form) as data files, one set per
-/// partition.
-pub async fn write_data(table: &Table, batch: RecordBatch) -> Result<Vec<DataFile>, SinkError> {
+/// partition; `unique_keys` when it holds each key once.
+pub async fn write_data(
+    table: &Table,
+    batch: RecordBatch,
+    unique_keys: bool,
+) -> Result<Vec<DataFile>, SinkError> {
     let mut w = DataWriter::new(
         table,
         TableProperties::PROPERTY_WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+        unique_keys,
     );
     w.write(batch).await?;
     w.close().await
@@ -83,16 +97,20 @@ pub struct DataWriter {
     writers: Vec<(Option<Struct>, Box<dyn IcebergWriter>)>,
     /// Files of writers already closed.
     closed: Vec<DataFile>,
+    /// Whether the rows hold each key once.
+    unique_keys: bool,
 }
 
 impl DataWriter {
-    /// A writer for `table`'s default spec and schema.
-    pub fn new(table: &Table, target_size: usize) -> Self {
+    /// A writer for `table`'s default spec and schema; `unique_keys` when
+    /// the rows hold each key once.
+    pub fn new(table: &Table, target_size: usize, unique_keys: bool) -> Self {
         DataWriter {
             table: table.clone(),
             target_size,
             writers: Vec::new(),
             closed: Vec::new(),
+            unique_keys,
         }
     }
 
@@ -132,7 +150,10 @@ impl DataWriter {
                         self.closed.extend(oldest.close().await.map_err(&err)?);
                     }
                     let rolling = RollingFileWriterBuilder::new(
-                        ParquetWriterBuilder::new(properties(key_names(&schema)), schema.clone()),
+                        ParquetWriterBuilder::new(
+                            properties(unique_key_column(key_names(&schema), self.unique_keys)),
+                            schema.clone(),
+                        ),
                         self.target_size,
                         table.file_io().clone(),
                         DefaultLocationGenerator::new(md).map_err(&err)?,
@@ -179,7 +200,14 @@ pub async fn write_equality_deletes(
     let key_schema = Arc::new(arrow_schema_to_schema(keys.schema().as_ref()).map_err(&err)?);
     let mut w = RollingFileWriterBuilder::new_with_default_file_size(
         ParquetWriterBuilder::new(
-            properties(keys.schema().fields().iter().map(|f| f.name().clone())),
+            properties(unique_key_column(
+                keys.schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone())
+                    .collect(),
+                true,
+            )),
             key_schema,
         ),
         table.file_io().clone(),
@@ -207,7 +235,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn key_columns_are_written_without_a_dictionary() {
+    fn a_unique_one_column_key_is_written_without_a_dictionary() {
+        let names = |v: &[&str]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            unique_key_column(names(&["id"]), true),
+            Some("id".to_string())
+        );
+        // Keys that repeat in the file keep their dictionary.
+        assert_eq!(unique_key_column(names(&["id"]), false), None);
+        assert_eq!(unique_key_column(names(&["tenant", "id"]), true), None);
         let props = properties(["id".to_string()]);
         let column = |n: &str| ColumnPath::new(vec![n.to_string()]);
         assert!(!props.dictionary_enabled(&column("id")));

@@ -584,7 +584,8 @@ impl Sink for IcebergSink {
             }
             WriteMode::Append | WriteMode::AppendIdempotent => rows,
         };
-        delta.data_files = files::write_data(&s.table, data).await?;
+        let unique_keys = target.mode == WriteMode::Upsert;
+        delta.data_files = files::write_data(&s.table, data, unique_keys).await?;
         if let Some(task) = deletes {
             delta.delete_files = task
                 .await

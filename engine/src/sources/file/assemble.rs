@@ -44,6 +44,13 @@ impl Assembler {
 
     /// Replays a chunk's steps; a batch or an error goes to `out`. False
     /// when the run must end (an error was sent, or nobody listens).
+    ///
+    /// A batch is sent at the end of its chunk: the framing stage hands a
+    /// chunk over right after the line that closed a batch, so what follows
+    /// the batch in its chunk is the rest of that line. When that line is
+    /// bad, the batch is dropped with it, as a one-thread reader that never
+    /// got past the line would: the run fails at the line, and the batch's
+    /// rows are read again on restart.
     fn replay(
         &mut self,
         chunk: &Chunk,
@@ -53,30 +60,25 @@ impl Assembler {
         // lines were checked one by one by the framing stage; only a chunk
         // ending at a line that failed that check is not valid as a whole).
         let text = std::str::from_utf8(&chunk.text).ok();
+        let mut ready: Vec<SourceBatch> = Vec::new();
         for step in &chunk.steps {
             let result = match step {
-                Step::Row(row) => self.decode_row(chunk, text, row).map(|()| None),
+                Step::Row(row) => self.decode_row(chunk, text, row),
                 Step::Close { offset } => {
                     self.close_transaction(chunk.file.as_deref(), *offset);
-                    Ok(None)
+                    Ok(())
                 }
-                Step::Take { end } => self.take_batch(end).map(Some),
+                Step::Take { end } => self.take_batch(end).map(|batch| ready.push(batch)),
                 Step::Fail(e) => Err(e.clone()),
             };
-            match result {
-                Ok(None) => {}
-                Ok(Some(batch)) => {
-                    if out.blocking_send(Ok(batch)).is_err() {
-                        return false;
-                    }
-                }
-                Err(e) => {
-                    let _ = out.blocking_send(Err(e));
-                    return false;
-                }
+            if let Err(e) = result {
+                let _ = out.blocking_send(Err(e));
+                return false;
             }
         }
-        true
+        ready
+            .into_iter()
+            .all(|batch| out.blocking_send(Ok(batch)).is_ok())
     }
 
     fn decode_row(
@@ -163,9 +165,31 @@ pub fn run_assembler(
     out: mpsc::Sender<Result<SourceBatch, SourceError>>,
 ) {
     while let Ok(chunk) = chunks.recv() {
-        if !assembler.replay(&chunk, &out) {
-            return;
+        // A panic here must not look like the end of the input.
+        let replayed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assembler.replay(&chunk, &out)
+        }));
+        match replayed {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(panic) => {
+                let _ = out.blocking_send(Err(SourceError::new(format!(
+                    "{}: the file reader's decoding stage failed: {}",
+                    chunk.path.display(),
+                    panic_message(panic.as_ref())
+                ))));
+                return;
+            }
         }
         let _ = spare.send((chunk.text, chunk.steps));
     }
+}
+
+/// The text a panic carried.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }

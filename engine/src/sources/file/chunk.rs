@@ -48,7 +48,8 @@ pub enum Step {
     /// The open transaction ends: its rows take the position `offset` (in
     /// the chunk's file).
     Close { offset: u64 },
-    /// The closed transactions form a batch ending at `end`.
+    /// The closed transactions form a batch ending at `end`. The chunk
+    /// ends with the line that closed it (only that line's steps follow).
     Take { end: FilePosition },
     /// The input is bad here: report it after everything before it.
     Fail(SourceError),

@@ -24,7 +24,7 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use urutau_planner::plan::{BeforeImages, SourceTablePlan};
 
-use super::assemble::{Assembler, DecodedTable, run_assembler};
+use super::assemble::{Assembler, DecodedTable, panic_message, run_assembler};
 use super::chunk::{Chunk, RowImage, Step};
 use super::decode::{TableDecoder, top_level_fields_differ};
 use crate::batching::BatchPolicy;
@@ -354,6 +354,10 @@ impl Reader {
             None => (None, self.cfg.path.clone()),
         };
         let mut next = Chunk::new(file, path, self.spare.try_recv().ok());
+        // A buffer that grew for a huge line is not kept at that size.
+        if next.text.capacity() > 2 * CHUNK_BYTES {
+            next.text = Vec::new();
+        }
         if next.text.capacity() == 0 {
             next.text.reserve(CHUNK_BYTES + (64 << 10));
             next.steps.reserve(CHUNK_STEPS + 2);
@@ -692,7 +696,18 @@ pub fn run_reader(
         }
     };
     drop(chunks_tx);
-    frame(&mut reader, &stop);
+    // A panic here must not look like the end of the input.
+    let framed =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| frame(&mut reader, &stop)));
+    if let Err(panic) = framed {
+        let message = format!(
+            "{}: the file reader failed: {}",
+            reader.cfg.path.display(),
+            panic_message(panic.as_ref())
+        );
+        reader.steps.push(Step::Fail(SourceError::new(message)));
+        reader.flush();
+    }
 }
 
 /// The framing loop. Returns when the input is caught up (exit mode),
