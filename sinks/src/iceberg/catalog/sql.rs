@@ -33,6 +33,8 @@ pub struct SqlCatalogConn {
     dollar: bool,
     /// Directories of the warehouse already made durable.
     durable_dirs: durable::DurableDirs,
+    /// The warehouse's absolute path.
+    warehouse: String,
 }
 
 impl std::fmt::Debug for SqlCatalogConn {
@@ -121,7 +123,7 @@ impl SqlCatalogConn {
         }
         let catalog = SqlCatalogBuilder::default()
             .uri(uri.clone())
-            .warehouse_location(warehouse)
+            .warehouse_location(warehouse.clone())
             .sql_bind_style(if dollar {
                 SqlBindStyle::DollarNumeric
             } else {
@@ -137,6 +139,7 @@ impl SqlCatalogConn {
             name: name.to_string(),
             dollar,
             durable_dirs: durable::DurableDirs::default(),
+            warehouse,
         })
     }
 
@@ -181,15 +184,19 @@ impl SqlCatalogConn {
             .await
             .map_err(io_error("creating the table"))?;
         // The first metadata file is written whole (not synced) by the
-        // catalog crate: made durable like every commit's.
+        // catalog crate: made durable like every commit's, with the new
+        // directories of the table and its namespace up to the warehouse.
+        // (The catalog row is already in: a crash before this sync can
+        // leave a table whose first metadata file is lost; loading it then
+        // fails loudly, and nothing was written to it yet.)
         let location = table
             .metadata_location_result()
             .map_err(io_error("creating the table"))?
             .to_string();
         durable::sync_local(
             vec![location],
-            vec![],
-            table.metadata().location(),
+            vec![table.metadata().location().to_string()],
+            &self.warehouse,
             &self.durable_dirs,
         )
         .await?;
