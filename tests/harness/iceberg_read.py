@@ -3,6 +3,7 @@
 independent reader of what urutau's Iceberg sink wrote.
 
     python iceberg_read.py <metadata.json> [--order-by COL]
+    python iceberg_read.py --avro-rows <file.avro>
     python iceberg_read.py --rest URI --warehouse s3://B/ --credential ID:SECRET
         --table NS.T --s3-endpoint http://H:P [--order-by COL] [--metadata]
 
@@ -154,7 +155,12 @@ def main():
     p.add_argument("--s3-endpoint")
     p.add_argument("--s3-region", default="us-east-1")
     p.add_argument("--metadata", action="store_true")
+    p.add_argument("--avro-rows", help="print the number of records of an Avro file (a manifest list)")
     args = p.parse_args()
+    if args.avro_rows:
+        con = connect()
+        print(con.execute("SELECT count(*) FROM read_avro(?)", [args.avro_rows]).fetchone()[0])
+        return
     s3 = None
     if args.rest:
         location, metadata = rest_load(args.rest, args.warehouse, args.credential, args.table)

@@ -37,6 +37,7 @@ use urutau_planner::sink::SinkError;
 
 use super::compaction::LiveFile;
 use super::io_error;
+use super::manifest_merge::merge_manifests;
 
 /// Table property and snapshot summary key of the committed position.
 pub const POSITION_KEY: &str = "cdc.position";
@@ -136,7 +137,7 @@ fn add_totals(props: &mut HashMap<String, String>, parent: Option<&Summary>) {
 }
 
 /// The snapshot a commit is building: its ids and where its files go.
-struct NewSnapshot<'a> {
+pub(super) struct NewSnapshot<'a> {
     table: &'a Table,
     id: i64,
     seq: i64,
@@ -159,6 +160,11 @@ impl<'a> NewSnapshot<'a> {
         }
     }
 
+    /// The table the snapshot is for.
+    pub(super) fn table(&self) -> &'a Table {
+        self.table
+    }
+
     fn path(&self, name: &str) -> String {
         format!(
             "{}/metadata/{}{name}",
@@ -169,7 +175,7 @@ impl<'a> NewSnapshot<'a> {
 
     /// Writes a manifest (`name`) of `files` under `spec`: added by this
     /// snapshot, or, with `removed` sequence numbers, marked deleted.
-    async fn manifest(
+    pub(super) async fn manifest(
         &self,
         name: &str,
         spec: &PartitionSpecRef,
@@ -207,6 +213,23 @@ impl<'a> NewSnapshot<'a> {
                     })?;
                     w.add_delete_file(e.data_file().clone(), data_seq, e.file_sequence_number)
                         .map_err(err)?;
+                }
+            }
+            ManifestFiles::Existing(entries) => {
+                for e in entries {
+                    let missing =
+                        |what: &str| SinkError::Io(format!("{} has no {what}", e.file_path()));
+                    let snapshot = e.snapshot_id().ok_or_else(|| missing("snapshot id"))?;
+                    let data_seq = e
+                        .sequence_number()
+                        .ok_or_else(|| missing("sequence number"))?;
+                    w.add_existing_file(
+                        e.data_file().clone(),
+                        snapshot,
+                        data_seq,
+                        e.file_sequence_number,
+                    )
+                    .map_err(err)?;
                 }
             }
         }
@@ -257,11 +280,14 @@ impl<'a> NewSnapshot<'a> {
 }
 
 /// What a manifest lists.
-enum ManifestFiles<'a> {
+pub(super) enum ManifestFiles<'a> {
     /// Files this snapshot adds.
     Added(&'a [DataFile]),
     /// Files this snapshot removes (their sequence numbers are kept).
     Removed(&'a [&'a ManifestEntryRef]),
+    /// Live files of earlier snapshots, rewritten into a merged manifest
+    /// (their snapshot ids and sequence numbers are kept).
+    Existing(&'a [ManifestEntryRef]),
 }
 
 fn snapshot_error(e: iceberg::Error) -> SinkError {
@@ -345,6 +371,8 @@ pub async fn build_row_delta(
                 }),
         }
     };
+    // Many small manifests are merged (see `manifest_merge`).
+    let carried = async { merge_manifests(&snap, carried.await?).await };
     let (data_manifest, delete_manifest, carried) =
         tokio::try_join!(data_manifest, delete_manifest, carried)?;
     let manifests: Vec<ManifestFile> = data_manifest

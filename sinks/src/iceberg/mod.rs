@@ -13,6 +13,7 @@ mod expiry;
 mod files;
 pub mod maintenance;
 mod maintenance_turn;
+mod manifest_merge;
 mod orphans;
 pub mod schema;
 
