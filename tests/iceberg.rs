@@ -408,6 +408,20 @@ async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
         (2..=200).contains(&manifests),
         "the current snapshot lists {manifests} manifests"
     );
+    // Merged manifests kept every entry's snapshot id and sequence numbers
+    // (read with DuckDB's Avro reader, not ours).
+    let location = catalog.location("bronze.items").await;
+    let out = std::process::Command::new(&python)
+        .arg(common::harness_script("iceberg_read.py"))
+        .args(["--check-sequence-numbers", &location])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The acceptance suite with maintenance after every commit: compaction of

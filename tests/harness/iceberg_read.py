@@ -4,6 +4,7 @@ independent reader of what urutau's Iceberg sink wrote.
 
     python iceberg_read.py <metadata.json> [--order-by COL]
     python iceberg_read.py --avro-rows <file.avro>
+    python iceberg_read.py --check-sequence-numbers <metadata.json>
     python iceberg_read.py --rest URI --warehouse s3://B/ --credential ID:SECRET
         --table NS.T --s3-endpoint http://H:P [--order-by COL] [--metadata]
 
@@ -144,6 +145,53 @@ def plan(t):
     return str(t), False, render
 
 
+def check_sequence_numbers(metadata_json):
+    """Every manifest the current snapshot lists, and every live entry in
+    it, carries the sequence numbers of the snapshot that added it: a
+    manifest's sequence_number is its adding snapshot's, its
+    min_sequence_number the least of its live entries' data sequence
+    numbers, and an entry's data and file sequence numbers are those of the
+    snapshot whose id it carries (after the spec's inheritance for ADDED
+    entries). Prints "<manifests> <entries>"; exits 1 naming a violation."""
+    def local(p):
+        return p[len("file://"):] if p.startswith("file://") else p
+
+    with open(local(metadata_json)) as f:
+        md = json.load(f)
+    seq_of = {s["snapshot-id"]: s["sequence-number"] for s in md["snapshots"]}
+    current = next(s for s in md["snapshots"] if s["snapshot-id"] == md["current-snapshot-id"])
+    con = connect()
+    lists = con.execute(
+        "SELECT manifest_path, added_snapshot_id, sequence_number, min_sequence_number FROM read_avro(?)",
+        [local(current["manifest-list"])],
+    ).fetchall()
+    entries = 0
+    for path, added_by, seq, min_seq in lists:
+        if added_by in seq_of and seq != seq_of[added_by]:
+            raise SystemExit(f"{path}: sequence number {seq}, its snapshot {added_by} has {seq_of[added_by]}")
+        rows = con.execute(
+            "SELECT status, snapshot_id, sequence_number, file_sequence_number, data_file.file_path FROM read_avro(?)",
+            [local(path)],
+        ).fetchall()
+        live = []
+        for status, snap, data_seq, file_seq, file in rows:
+            if status == 2:  # DELETED
+                continue
+            snap = added_by if snap is None else snap
+            if status == 1:  # ADDED inherits from the manifest
+                data_seq = seq if data_seq is None else data_seq
+                file_seq = seq if file_seq is None else file_seq
+            if snap in seq_of and not (data_seq == file_seq == seq_of[snap]):
+                raise SystemExit(
+                    f"{file} in {path}: data/file sequence numbers {data_seq}/{file_seq}, "
+                    f"its snapshot {snap} has {seq_of[snap]}")
+            live.append(data_seq)
+            entries += 1
+        if live and min_seq != min(live):
+            raise SystemExit(f"{path}: min sequence number {min_seq}, its entries' least is {min(live)}")
+    print(len(lists), entries)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("metadata_json", nargs="?")
@@ -156,7 +204,12 @@ def main():
     p.add_argument("--s3-region", default="us-east-1")
     p.add_argument("--metadata", action="store_true")
     p.add_argument("--avro-rows", help="print the number of records of an Avro file (a manifest list)")
+    p.add_argument("--check-sequence-numbers", action="store_true",
+                   help="check the current snapshot's manifests (see check_sequence_numbers)")
     args = p.parse_args()
+    if args.check_sequence_numbers:
+        check_sequence_numbers(args.metadata_json)
+        return
     if args.avro_rows:
         con = connect()
         print(con.execute("SELECT count(*) FROM read_avro(?)", [args.avro_rows]).fetchone()[0])

@@ -10,10 +10,14 @@
 //! table property `cdc.position` is untouched (resume stays O(1)); only the
 //! summaries the ancestry walk-back would read go, which is why `max_age`
 //! bounds how long a stopped pipeline can still fall back on them. The
-//! expired snapshots' manifest lists are deleted; data files, delete files
-//! and manifests stay: every commit's manifest list carries the table's
-//! live manifests forward, so they are still referenced. Files only an
-//! expired snapshot read are orphan cleanup's work ([`super::orphans`]).
+//! expired snapshots' manifest lists are deleted (each snapshot has its
+//! own); data files, delete files and manifests stay. Most are still
+//! referenced (every commit's list carries the live manifests forward),
+//! but not all: files compaction replaced, and manifests a commit merged
+//! away ([`super::manifest_merge`]), are read only by older snapshots.
+//! Once those are expired, such files are orphan cleanup's work
+//! ([`super::orphans`]), which is why a table with expiry should also
+//! have orphan cleanup.
 
 use std::collections::HashSet;
 

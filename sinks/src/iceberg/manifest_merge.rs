@@ -28,8 +28,8 @@ pub const MERGE_AT: usize = 100;
 /// Manifests this large are left alone, and merged ones stop growing here.
 pub const TARGET_BYTES: i64 = 8 << 20;
 
-/// `carried`, with the small manifests of every kind that reached
-/// [`MERGE_AT`] merged (written as manifests of `snap`).
+/// `carried`, with the small manifests of every kind that number
+/// [`MERGE_AT`] or more merged (written as manifests of `snap`).
 pub async fn merge_manifests(
     snap: &NewSnapshot<'_>,
     carried: Vec<ManifestFile>,
@@ -45,21 +45,30 @@ pub async fn merge_manifests(
     let mut out = Vec::new();
     let mut written = 0usize;
     for ((deletes, spec_id), manifests) in kinds {
-        if manifests.len() < MERGE_AT {
-            out.extend(manifests);
-            continue;
-        }
         let (small, large): (Vec<_>, Vec<_>) = manifests
             .into_iter()
             .partition(|m| m.manifest_length < TARGET_BYTES);
         out.extend(large);
+        if small.len() < MERGE_AT {
+            out.extend(small);
+            continue;
+        }
         for bin in bins(small) {
             if bin.len() == 1 {
                 out.extend(bin);
                 continue;
             }
             written += 1;
-            out.push(merge(snap, deletes, spec_id, &bin, written).await?);
+            // Merging only saves work: a manifest it cannot rewrite (say,
+            // another writer's entry without a file sequence number) is
+            // carried as it is, never a reason to fail the commit.
+            match merge(snap, deletes, spec_id, &bin, written).await {
+                Ok(merged) => out.push(merged),
+                Err(e) => {
+                    tracing::warn!(table = %snap.table().identifier(), error = %e, "small manifests are carried unmerged");
+                    out.extend(bin);
+                }
+            }
         }
     }
     Ok(out)
@@ -103,13 +112,19 @@ async fn merge(
     for m in manifests {
         // Entries inherit their sequence numbers from the list here.
         let manifest = m.load_manifest(table.file_io()).await.map_err(err)?;
-        live.extend(
-            manifest
-                .entries()
-                .iter()
-                .filter(|e| e.status() != ManifestStatus::Deleted)
-                .cloned(),
-        );
+        for e in manifest.entries() {
+            if e.status() == ManifestStatus::Deleted {
+                continue;
+            }
+            if e.sequence_number().is_none() || e.file_sequence_number.is_none() {
+                return Err(SinkError::Io(format!(
+                    "{} in {} has no data or file sequence number to keep",
+                    e.file_path(),
+                    m.manifest_path
+                )));
+            }
+            live.push(e.clone());
+        }
     }
     snap.manifest(
         &format!("-merged{n}.avro"),
