@@ -389,18 +389,7 @@ async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
         .unwrap()["manifest-list"]
         .as_str()
         .unwrap();
-    let out = std::process::Command::new(&python)
-        .arg(common::harness_script("iceberg_read.py"))
-        .args(["--avro-rows", list])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let manifests: usize = String::from_utf8(out.stdout)
-        .unwrap()
+    let manifests: usize = iceberg_read(&python, &["--avro-rows", list])
         .trim()
         .parse()
         .unwrap();
@@ -411,17 +400,23 @@ async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
     // Merged manifests kept every entry's snapshot id and sequence numbers
     // (read with DuckDB's Avro reader, not ours).
     let location = catalog.location("bronze.items").await;
-    let out = std::process::Command::new(&python)
+    iceberg_read(&python, &["--check-sequence-numbers", &location]);
+}
+
+/// What tests/harness/iceberg_read.py prints for `args` (it must succeed).
+fn iceberg_read(python: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(python)
         .arg(common::harness_script("iceberg_read.py"))
-        .args(["--check-sequence-numbers", &location])
+        .args(args)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}{}",
+        "iceberg_read.py {args:?}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The acceptance suite with maintenance after every commit: compaction of

@@ -195,3 +195,24 @@ pub fn cpu_seconds() -> f64 {
         .sum();
     ticks / 100.0
 }
+
+/// A timed run of a file-source pipeline to its end: wall seconds, CPU
+/// seconds, and the report, after checking that its first route's position
+/// is the end of the input (`bytes` long).
+pub fn timed_run(
+    runtime: &tokio::runtime::Runtime,
+    text: &str,
+    bytes: u64,
+) -> (f64, f64, urutau_engine::RunReport) {
+    let started = std::time::Instant::now();
+    let cpu_before = cpu_seconds();
+    let report = runtime.block_on(run_to_end(text));
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu_before;
+    assert_eq!(
+        report.routes[0].position.as_deref(),
+        Some(bytes.to_string().as_str()),
+        "the table's position is the end of the input"
+    );
+    (secs, cpu, report)
+}
