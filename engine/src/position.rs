@@ -133,14 +133,24 @@ impl Position {
     }
 }
 
+/// Writes a file position's text: `name:offset` in a directory, `offset`
+/// in a single file (the form [`Position`] displays, for a writer that
+/// reuses its buffer).
+pub fn write_file_position(
+    out: &mut impl fmt::Write,
+    file: Option<&str>,
+    offset: u64,
+) -> fmt::Result {
+    match file {
+        Some(name) => write!(out, "{name}:{offset}"),
+        None => write!(out, "{offset}"),
+    }
+}
+
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Position::File(FilePosition {
-                file: Some(name),
-                offset,
-            }) => write!(f, "{name}:{offset}"),
-            Position::File(FilePosition { file: None, offset }) => write!(f, "{offset}"),
+            Position::File(p) => write_file_position(f, p.file.as_deref(), p.offset),
             Position::Lsn(lsn) => write!(f, "{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF),
             Position::Offsets(o) => {
                 let topics: Vec<String> =

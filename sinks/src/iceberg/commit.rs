@@ -28,7 +28,8 @@ use std::str::FromStr;
 use iceberg::spec::{
     DataContentType, DataFile, MAIN_BRANCH, ManifestEntryRef, ManifestFile, ManifestListWriter,
     ManifestWriterBuilder, Operation, PartitionSpecRef, Snapshot, SnapshotSummaryCollector,
-    Summary, TableMetadata, TableMetadataBuildResult, UNASSIGNED_SEQUENCE_NUMBER,
+    Summary, TableMetadata, TableMetadataBuildResult, TableMetadataBuilder,
+    UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, Runtime};
@@ -372,7 +373,7 @@ pub async fn build_row_delta(
         }
     };
     // Many small manifests are merged (see `manifest_merge`).
-    let carried = async { merge_manifests(&snap, carried.await?).await };
+    let carried = async { Ok(merge_manifests(&snap, carried.await?).await) };
     let (data_manifest, delete_manifest, carried) =
         tokio::try_join!(data_manifest, delete_manifest, carried)?;
     let manifests: Vec<ManifestFile> = data_manifest
@@ -381,13 +382,8 @@ pub async fn build_row_delta(
         .chain(carried)
         .collect();
     let snapshot = snap.finish(manifests, operation, props).await?;
-    let current = table
-        .metadata_location_result()
-        .map_err(snapshot_error)?
-        .to_string();
-    md.clone()
-        .into_builder(Some(current))
-        .set_branch_snapshot(snapshot, MAIN_BRANCH)
+    next_metadata(table)
+        .and_then(|b| b.set_branch_snapshot(snapshot, MAIN_BRANCH))
         .and_then(|b| b.set_properties(mark_set))
         .and_then(|b| b.remove_properties(&mark_clear))
         .and_then(|b| b.build())
@@ -456,15 +452,17 @@ pub async fn build_replace(
         );
     }
     let snapshot = snap.finish(manifests, Operation::Replace, props).await?;
-    let current = table
-        .metadata_location_result()
-        .map_err(compaction_error)?
-        .to_string();
-    md.clone()
-        .into_builder(Some(current))
-        .set_branch_snapshot(snapshot, MAIN_BRANCH)
+    next_metadata(table)
+        .and_then(|b| b.set_branch_snapshot(snapshot, MAIN_BRANCH))
         .and_then(|b| b.build())
         .map_err(compaction_error)
+}
+
+/// The table's metadata as the builder of its next version (the current
+/// metadata file recorded as its predecessor).
+pub fn next_metadata(table: &Table) -> Result<TableMetadataBuilder, iceberg::Error> {
+    let current = table.metadata_location_result()?.to_string();
+    Ok(table.metadata().clone().into_builder(Some(current)))
 }
 
 /// New metadata with only `cdc.position` changed (progress without data:
@@ -473,17 +471,12 @@ pub fn build_position_only(
     table: &Table,
     position: &str,
 ) -> Result<TableMetadataBuildResult, SinkError> {
-    let err = io_error("the table metadata");
-    let current = table.metadata_location_result().map_err(&err)?.to_string();
     let (set, clear) = mark_properties(position);
-    table
-        .metadata()
-        .clone()
-        .into_builder(Some(current))
-        .set_properties(set)
+    next_metadata(table)
+        .and_then(|b| b.set_properties(set))
         .and_then(|b| b.remove_properties(&clear))
         .and_then(|b| b.build())
-        .map_err(&err)
+        .map_err(io_error("the table metadata"))
 }
 
 /// Writes `metadata` as the next version after `current`.
@@ -530,6 +523,21 @@ pub fn holds_commit(md: &TableMetadata, id: &str) -> bool {
             .map(String::as_str)
             == Some(id)
     })
+}
+
+/// The live (added or existing) entries of `manifest`, with the sequence
+/// numbers and snapshot ids they inherit from the manifest list.
+pub async fn alive_entries(
+    table: &Table,
+    manifest: &ManifestFile,
+) -> Result<Vec<ManifestEntryRef>, iceberg::Error> {
+    let loaded = manifest.load_manifest(table.file_io()).await?;
+    Ok(loaded
+        .entries()
+        .iter()
+        .filter(|e| e.is_alive())
+        .cloned()
+        .collect())
 }
 
 /// The main branch's snapshots, newest first, following parent ids (not

@@ -62,14 +62,13 @@ pub async fn live_files(table: &Table) -> Result<Vec<LiveFile>, SinkError> {
         .map_err(&err)?;
     let mut live = Vec::new();
     for m in list.entries() {
-        let manifest = m.load_manifest(table.file_io()).await.map_err(&err)?;
         live.extend(
-            manifest
-                .entries()
-                .iter()
-                .filter(|e| e.is_alive())
-                .map(|e| LiveFile {
-                    entry: e.clone(),
+            commit::alive_entries(table, m)
+                .await
+                .map_err(&err)?
+                .into_iter()
+                .map(|entry| LiveFile {
+                    entry,
                     spec_id: m.partition_spec_id,
                 }),
         );

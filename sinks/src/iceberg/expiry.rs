@@ -76,15 +76,9 @@ fn ref_heads(md: &TableMetadata) -> Result<HashSet<i64>, SinkError> {
 
 /// New metadata for `table` without the snapshots `ids`.
 pub fn build_expiry(table: &Table, ids: &[i64]) -> Result<TableMetadataBuildResult, SinkError> {
-    let err = io_error("expiring snapshots");
-    let current = table.metadata_location_result().map_err(&err)?.to_string();
-    table
-        .metadata()
-        .clone()
-        .into_builder(Some(current))
-        .remove_snapshots(ids)
-        .build()
-        .map_err(&err)
+    commit::next_metadata(table)
+        .and_then(|b| b.remove_snapshots(ids).build())
+        .map_err(io_error("expiring snapshots"))
 }
 
 /// The manifest lists of the snapshots `ids` in `md` (each snapshot has

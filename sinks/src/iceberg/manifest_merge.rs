@@ -17,10 +17,10 @@
 
 use std::collections::BTreeMap;
 
-use iceberg::spec::{ManifestContentType, ManifestEntryRef, ManifestFile, ManifestStatus};
+use iceberg::spec::{ManifestContentType, ManifestEntryRef, ManifestFile};
 use urutau_planner::sink::SinkError;
 
-use super::commit::{ManifestFiles, NewSnapshot};
+use super::commit::{ManifestFiles, NewSnapshot, alive_entries};
 
 /// Carried manifests of one kind are merged once they number this many.
 pub const MERGE_AT: usize = 100;
@@ -33,7 +33,7 @@ pub const TARGET_BYTES: i64 = 8 << 20;
 pub async fn merge_manifests(
     snap: &NewSnapshot<'_>,
     carried: Vec<ManifestFile>,
-) -> Result<Vec<ManifestFile>, SinkError> {
+) -> Vec<ManifestFile> {
     let mut kinds: BTreeMap<(bool, i32), Vec<ManifestFile>> = BTreeMap::new();
     for m in carried {
         let deletes = m.content == ManifestContentType::Deletes;
@@ -71,7 +71,7 @@ pub async fn merge_manifests(
             }
         }
     }
-    Ok(out)
+    out
 }
 
 /// Consecutive manifests grouped up to [`TARGET_BYTES`] each.
@@ -110,12 +110,7 @@ async fn merge(
         .clone();
     let mut live: Vec<ManifestEntryRef> = Vec::new();
     for m in manifests {
-        // Entries inherit their sequence numbers from the list here.
-        let manifest = m.load_manifest(table.file_io()).await.map_err(err)?;
-        for e in manifest.entries() {
-            if e.status() == ManifestStatus::Deleted {
-                continue;
-            }
+        for e in alive_entries(table, m).await.map_err(err)? {
             if e.sequence_number().is_none() || e.file_sequence_number.is_none() {
                 return Err(SinkError::Io(format!(
                     "{} in {} has no data or file sequence number to keep",
@@ -123,7 +118,7 @@ async fn merge(
                     m.manifest_path
                 )));
             }
-            live.push(e.clone());
+            live.push(e);
         }
     }
     snap.manifest(

@@ -365,14 +365,8 @@ impl IcebergSink {
             if let Some(spec) = found {
                 return Ok((table, spec));
             }
-            let current = table
-                .metadata_location_result()
-                .map_err(io_error("the table"))?
-                .to_string();
-            let result = md
-                .clone()
-                .into_builder(Some(current))
-                .add_partition_spec(UnboundPartitionSpec::builder().build())
+            let result = commit::next_metadata(&table)
+                .and_then(|b| b.add_partition_spec(UnboundPartitionSpec::builder().build()))
                 .and_then(|b| b.build())
                 .map_err(io_error("adding an unpartitioned spec"))?;
             match self.conn().await?.commit(&table, result, &[]).await {
@@ -575,13 +569,10 @@ impl Sink for IcebergSink {
                 deletes = Some(tokio::spawn(async move {
                     files::write_equality_deletes(&table, keys, &key_ids, spec_id).await
                 }));
-                // Rows that stay: every key's latest image, unless deleted.
-                if batch.deletes.true_count() == 0 {
-                    rows
-                } else {
-                    let keep = not(&batch.deletes).map_err(io_error("selecting rows"))?;
-                    filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?
-                }
+                // Rows that stay: every key's latest image, unless deleted
+                // (with no deletes the kernel returns the columns as they are).
+                let keep = not(&batch.deletes).map_err(io_error("selecting rows"))?;
+                filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?
             }
             WriteMode::Append | WriteMode::AppendIdempotent => rows,
         };

@@ -15,6 +15,7 @@ use std::time::SystemTime;
 use iceberg::table::Table;
 use urutau_planner::sink::SinkError;
 
+use super::commit::alive_entries;
 use super::durable::local_path;
 use super::io_error;
 
@@ -48,14 +49,8 @@ pub async fn referenced_files(table: &Table) -> Result<HashSet<PathBuf>, SinkErr
             .map_err(&err)?;
         for m in list.entries() {
             if manifests.insert(m.manifest_path.clone()) {
-                let manifest = m.load_manifest(table.file_io()).await.map_err(&err)?;
-                paths.extend(
-                    manifest
-                        .entries()
-                        .iter()
-                        .filter(|e| e.is_alive())
-                        .map(|e| e.file_path().to_string()),
-                );
+                let live = alive_entries(table, m).await.map_err(&err)?;
+                paths.extend(live.iter().map(|e| e.file_path().to_string()));
             }
         }
     }

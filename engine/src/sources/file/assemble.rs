@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::chunk::{Chunk, RowImage, Step};
 use super::decode::TableDecoder;
-use crate::position::{FilePosition, Position};
+use crate::position::{FilePosition, Position, write_file_position};
 use crate::sources::{SourceBatch, SourceError, TableChanges};
 
 /// A routed table's name parts and decoder.
@@ -116,12 +116,8 @@ impl Assembler {
     }
 
     fn close_transaction(&mut self, file: Option<&str>, offset: u64) {
-        use std::fmt::Write as _;
         self.pos_text.clear();
-        let _ = match file {
-            Some(f) => write!(self.pos_text, "{f}:{offset}"),
-            None => write!(self.pos_text, "{offset}"),
-        };
+        let _ = write_file_position(&mut self.pos_text, file, offset);
         for t in &mut self.tables {
             if t.decoder.open_rows() > 0 {
                 t.decoder.close_transaction(&self.pos_text);

@@ -42,10 +42,11 @@ const CHUNK_BYTES: usize = 512 << 10;
 /// `CHUNK_BYTES`, plus the batches the decoding stage holds).
 const CHUNKS_IN_FLIGHT: usize = 4;
 
-/// What the reader needs to know.
-pub struct ReaderConfig {
+/// What the reader needs to know: the tables as the source plans them
+/// (`TableConfig`), or as the framing stage keeps them (`FramedTable`).
+pub struct ReaderConfig<T = TableConfig> {
     pub path: PathBuf,
-    pub tables: Vec<TableConfig>,
+    pub tables: Vec<T>,
     pub start: Option<FilePosition>,
     pub exit_when_caught_up: bool,
     pub policy: BatchPolicy,
@@ -143,18 +144,9 @@ struct FileCursor {
     stop_at: Option<u64>,
 }
 
-/// The framing stage's settings (the decoders went to the decoding stage).
-struct FramingConfig {
-    path: PathBuf,
-    tables: Vec<FramedTable>,
-    start: Option<FilePosition>,
-    exit_when_caught_up: bool,
-    policy: BatchPolicy,
-}
-
 /// The framing stage's state while it runs.
 struct Reader {
-    cfg: FramingConfig,
+    cfg: ReaderConfig<FramedTable>,
     dir: bool,
     /// Files of a directory still to read after the current one.
     queue: Vec<(String, PathBuf, Option<u64>)>,
@@ -251,7 +243,7 @@ enum LineRead {
 
 impl Reader {
     fn new(
-        cfg: FramingConfig,
+        cfg: ReaderConfig<FramedTable>,
         chunks: SyncSender<Chunk>,
         spare: Receiver<(Vec<u8>, Vec<Step>)>,
     ) -> Result<Reader, SourceError> {
@@ -658,7 +650,7 @@ pub fn run_reader(
             decoder: t.decoder,
         });
     }
-    let framing = FramingConfig {
+    let framing = ReaderConfig {
         path: cfg.path.clone(),
         tables: framed,
         start: cfg.start,
