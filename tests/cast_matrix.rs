@@ -303,6 +303,10 @@ async fn run_route(
     ));
     columns.push(Arc::new(StringArray::from(vec![context::PHASE_STREAM; n])));
     columns.push(Arc::new(StringArray::from(vec!["t"; n])));
+    // The file source's coordinate: one file, one shard, a line each.
+    columns.push(Arc::new(StringArray::from(vec!["f.jsonl"; n])));
+    columns.push(Arc::new(Int32Array::from(vec![0; n])));
+    columns.push(Arc::new(Int64Array::from_iter_values(0..n as i64)));
     let batch = RecordBatch::try_new(schema, columns).map_err(|e| e.to_string())?;
     let tx = route.feed.connect(1);
     tx.send(RouteBatch {

@@ -298,14 +298,34 @@ fn validate_rejects_with_location_and_rule() {
         ],
     );
 
+    let lake = "CREATE SINK out INTO iceberg WITH (uri = 'sqlite://x.db', namespace = 'b');\n";
     let f = write(
         d,
         "idem.sql",
         &format!(
-            "{SOURCE}{sink}CREATE TABLE out.o WITH (write_mode = 'append-idempotent') AS SELECT id FROM events.orders;\n"
+            "{SOURCE}{lake}CREATE TABLE out.o WITH (write_mode = 'append-idempotent') AS SELECT id FROM events.orders;\n"
         ),
     );
-    check_invalid(&f, "4:39", &["needs a transport coordinate"]);
+    check_invalid(
+        &f,
+        "4:39",
+        &[
+            "append-idempotent lands the transport coordinate, and the route does not select _stream, _shard, _sequence",
+            "help: add _stream, _shard, _sequence to the SELECT",
+        ],
+    );
+    let f = write(
+        d,
+        "idem-pg.sql",
+        &format!(
+            "CREATE SOURCE db FROM postgres WITH (uri = 'postgres://u@127.0.0.1:1/x', slot = 's');\n{lake}CREATE TABLE out.o WITH (write_mode = 'append-idempotent') AS SELECT id FROM db.public.orders;\n"
+        ),
+    );
+    check_invalid(
+        &f,
+        "3:39",
+        &["append-idempotent needs a transport coordinate, and source `db` (postgres) has none"],
+    );
 
     let f = write(
         d,

@@ -311,6 +311,97 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
     assert!(err.contains("incomplete owner set"), "{err}");
 }
 
+/// append-idempotent on a partitioned table: a lagging owner's replay lands
+/// its rows a second time (partitioned append is at-least-once), and the
+/// table, a `ReplacingMergeTree` ordered by the transport coordinate, reads
+/// every change exactly once under `FINAL`.
+#[tokio::test]
+async fn append_idempotent_reads_a_replayed_change_once() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    ch.fresh_database("urutau_t_ai").await;
+    let data = dir.path().join("changes.jsonl");
+    let (lines, _) = workload(13, 3_000, 400);
+    write_lines(&data, &lines[..1_500]);
+    let text = format!(
+        "CREATE PIPELINE it WITH (max_batch_rows = 100, progress_interval = '1h');
+CREATE SOURCE src FROM file WITH (path = '{data}');
+CREATE SINK ch INTO clickhouse WITH ({options});
+CREATE TABLE src.items ({COLUMNS});
+CREATE TABLE ch.items WITH (write_mode = 'append-idempotent', workers = 4) AS
+  SELECT id, name, _op AS op, _stream AS stream, _shard AS shard, _sequence AS sequence FROM src.items;
+",
+        data = data.display(),
+        options = ch.sink_options("urutau_t_ai")
+    );
+    let p = dir.path().join("p.sql");
+    std::fs::write(&p, text).unwrap();
+    run_to_end(&p);
+    let lag = ch
+        .rows("SELECT argMax(position, seq) AS p, max(seq) AS s FROM urutau_t_ai.items_urutau_position WHERE owner = 2")
+        .await;
+    let (lag_position, lag_seq) = (
+        lag[0]["p"].as_str().unwrap().to_string(),
+        lag[0]["s"].as_u64().unwrap(),
+    );
+    write_lines(&data, &lines);
+    run_to_end(&p);
+    // Owner 2 falls behind, as if it had died after writing its rows and
+    // before recording where it was: the next run replays its share.
+    ch.query(
+        "ALTER TABLE urutau_t_ai.items_urutau_position DELETE WHERE owner = 2 SETTINGS mutations_sync = 2",
+    )
+    .await;
+    ch.query(&format!(
+        "INSERT INTO urutau_t_ai.items_urutau_position (owner, position, seq) VALUES (2, '{lag_position}', {lag_seq})"
+    ))
+    .await;
+    assert_eq!(resumed_from(&p).as_deref(), Some(lag_position.as_str()));
+
+    let n = lines.len() as u64;
+    let raw = count(&ch.rows("SELECT count() AS n FROM urutau_t_ai.items").await);
+    assert!(
+        raw > n,
+        "the replay landed rows again ({raw} rows for {n} changes)"
+    );
+    let once = ch
+        .rows("SELECT count() AS n, uniqExact(stream, shard, sequence) AS u, countIf(stream = 'changes.jsonl' AND shard = 0) AS here FROM urutau_t_ai.items FINAL")
+        .await;
+    assert_eq!(
+        once[0]["n"].as_u64().unwrap(),
+        n,
+        "one row per change under FINAL"
+    );
+    assert_eq!(
+        once[0]["u"].as_u64().unwrap(),
+        n,
+        "each with its own coordinate"
+    );
+    assert_eq!(once[0]["here"].as_u64().unwrap(), n);
+    // The coordinates are exactly the lines' offsets.
+    let mut offsets = Vec::new();
+    let mut at = 0u64;
+    for l in &lines {
+        offsets.push(at);
+        at += l.len() as u64 + 1;
+    }
+    let read: Vec<u64> = ch
+        .rows("SELECT sequence FROM urutau_t_ai.items FINAL ORDER BY sequence")
+        .await
+        .iter()
+        .map(|r| r["sequence"].as_u64().unwrap())
+        .collect();
+    assert!(read == offsets, "every line's offset, once");
+    let engine = ch
+        .rows("SELECT engine, sorting_key FROM system.tables WHERE database = 'urutau_t_ai' AND name = 'items'")
+        .await;
+    assert_eq!(engine[0]["engine"], "ReplacingMergeTree");
+    assert_eq!(engine[0]["sorting_key"], "stream, shard, sequence");
+}
+
 /// Every canonical kind lands in its native ClickHouse type and reads back.
 #[tokio::test]
 async fn every_canonical_kind_round_trips_natively() {

@@ -206,7 +206,7 @@ async fn sql_routes_are_per_row_maps() {
         ),
         (
             "CREATE TABLE m.t WITH (write_mode = 'upsert') AS SELECT id, _msg_key AS k FROM s.t;",
-            "transport metadata",
+            "message metadata, and a file source carries no messages",
         ),
         (
             "CREATE TABLE m.t AS SELECT id FROM s.t WHERE v;",

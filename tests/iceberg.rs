@@ -695,6 +695,155 @@ async fn append_once(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
     );
 }
 
+/// The change files of [`append_idempotent_lands_each_change_once_by_its_coordinate`]
+/// and every change's coordinate and meaning: `(file, line offset, id, op)`.
+fn coordinated_changes(
+    dir: &Path,
+    lines: &[String],
+    files: usize,
+) -> Vec<(String, i64, i64, String)> {
+    std::fs::create_dir_all(dir).unwrap();
+    let per_file = lines.len().div_ceil(files);
+    let mut expected = Vec::new();
+    for (n, part) in lines.chunks(per_file).enumerate() {
+        let name = format!("changes-{n}.jsonl");
+        write_lines(&dir.join(&name), part);
+        let mut offset = 0i64;
+        for line in part {
+            let event: Value = serde_json::from_str(line).unwrap();
+            let (image, op) = match event["op"].as_str().unwrap() {
+                "d" => ("before", "delete"),
+                "u" => ("after", "update"),
+                _ => ("after", "insert"),
+            };
+            let id = event[image]["id"].as_i64().unwrap();
+            expected.push((name.clone(), offset, id, op.to_string()));
+            offset += line.len() as i64 + 1;
+        }
+    }
+    expected
+}
+
+/// `append-idempotent`: every change lands once, carrying its coordinate,
+/// through kill -9s at any point and a replay forced through the source; a
+/// duplicate would show as two rows with one coordinate in DuckDB's read.
+#[tokio::test]
+async fn append_idempotent_lands_each_change_once_by_its_coordinate() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("changes");
+    let (lines, state) = workload(23, 12_000, 900);
+    let expected = coordinated_changes(&data, &lines, 3);
+    let catalog = Catalog::Sql(dir.path());
+    // Two tables of one source commit apart: after a kill, the one ahead is
+    // sent the other's replay, and must not land it twice.
+    let text = format!(
+        "CREATE PIPELINE it WITH (max_batch_rows = 100, progress_interval = '1h');
+CREATE SOURCE src FROM file WITH (path = '{data}');
+CREATE SINK lake INTO iceberg WITH ({options}, namespace = 'bronze');
+CREATE TABLE src.items ({COLUMNS});
+CREATE TABLE lake.items AS SELECT * FROM src.items;
+CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
+  SELECT id, _op AS op, _stream AS stream, _shard AS shard, _sequence AS seq FROM src.items;
+",
+        data = data.display(),
+        options = catalog.sink_options()
+    );
+    let p = dir.path().join("p.sql");
+    std::fs::write(&p, text).unwrap();
+    common::kill_9_runs(&p, 23, 5, 100..700);
+    run_to_end(&p);
+
+    let log_rows = |python: &Path, loc: &str| -> Vec<(String, i64, i64, String)> {
+        common::duckdb_rows(python, loc, "stream, seq")
+            .iter()
+            .map(|r| {
+                assert_eq!(r["shard"], json!(0), "a change file is one shard: {r}");
+                (
+                    r["stream"].as_str().unwrap().to_string(),
+                    r["seq"].as_i64().unwrap(),
+                    r["id"].as_i64().unwrap(),
+                    r["op"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let db = dir.path().join("catalog.db");
+    let log_loc = common::catalog_metadata_location(&db, "bronze", "log")
+        .await
+        .unwrap();
+    let read = log_rows(&python, &log_loc);
+    let mut seen = std::collections::HashSet::new();
+    let duplicates: Vec<_> = read
+        .iter()
+        .filter(|r| !seen.insert((r.0.clone(), r.1)))
+        .collect();
+    assert!(
+        duplicates.is_empty(),
+        "{} duplicated coordinates, first: {:?}",
+        duplicates.len(),
+        &duplicates[..duplicates.len().min(5)]
+    );
+    assert_eq!(read.len(), expected.len(), "one row per change");
+    assert!(read == expected, "every change, by its coordinate");
+    let items_loc = common::catalog_metadata_location(&db, "bronze", "items")
+        .await
+        .unwrap();
+    let problems = differences(
+        &common::duckdb_rows(&python, &items_loc, "id"),
+        &expected_rows(&state),
+    );
+    assert!(problems.is_empty(), "{problems:#?}");
+
+    // Force a replay: roll `items` back to an older snapshot. The run
+    // resumes from there, so `log` is sent changes it already holds.
+    let items_md = metadata_json(&items_loc);
+    let mut snapshots = items_md["snapshots"].as_array().unwrap().clone();
+    snapshots.sort_by_key(|s| s["sequence-number"].as_i64());
+    let older = snapshots[snapshots.len() / 3]["snapshot-id"]
+        .as_i64()
+        .unwrap();
+    rewrite_metadata(&db, "bronze", "items", |md| {
+        md["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("cdc.position");
+        md["current-snapshot-id"] = json!(older);
+        md["refs"]["main"]["snapshot-id"] = json!(older);
+    })
+    .await;
+    let log_snapshots = metadata_json(&log_loc)["snapshots"]
+        .as_array()
+        .unwrap()
+        .len();
+    run_to_end(&p);
+    let items_after = common::catalog_metadata_location(&db, "bronze", "items")
+        .await
+        .unwrap();
+    assert!(
+        metadata_json(&items_after)["snapshots"]
+            .as_array()
+            .unwrap()
+            .len()
+            > snapshots.len(),
+        "the rolled-back table was replayed into"
+    );
+    let log_after = common::catalog_metadata_location(&db, "bronze", "log")
+        .await
+        .unwrap();
+    assert_eq!(
+        metadata_json(&log_after)["snapshots"]
+            .as_array()
+            .unwrap()
+            .len(),
+        log_snapshots,
+        "the replay commits nothing to the table that holds it"
+    );
+    assert!(log_rows(&python, &log_after) == expected, "and adds no row");
+}
+
 #[tokio::test]
 async fn append_records_every_change_once() {
     let Some(python) = common::harness_python() else {

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, StringArray, StringBuilder, TimestampMicrosecondBuilder,
+    ArrayRef, BooleanBuilder, Int32Array, Int64Array, StringArray, StringBuilder,
+    TimestampMicrosecondBuilder,
 };
 use urutau_planner::context;
 use urutau_planner::types::UTC;
@@ -122,5 +123,71 @@ impl ContextBuilder {
             phase,
             Arc::new(table.finish()),
         ]
+    }
+}
+
+/// Accumulates the transport coordinate columns ([`context::STREAM`],
+/// [`context::SHARD`], [`context::SEQUENCE`]) of one table's rows, for a
+/// source whose changes each have one (see [`context::Transport`]).
+///
+/// Streams come in runs (a change file's rows are consecutive), so a run is
+/// counted instead of appending the name per row.
+#[derive(Debug, Default)]
+pub struct CoordinateBuilder {
+    streams: Vec<(Arc<str>, usize)>,
+    shards: Vec<i32>,
+    sequences: Vec<i64>,
+}
+
+impl CoordinateBuilder {
+    /// Appends one row's coordinate.
+    pub fn append(&mut self, stream: &Arc<str>, shard: i32, sequence: i64) {
+        match self.streams.last_mut() {
+            Some((s, n)) if Arc::ptr_eq(s, stream) || **s == **stream => *n += 1,
+            _ => self.streams.push((stream.clone(), 1)),
+        }
+        self.shards.push(shard);
+        self.sequences.push(sequence);
+    }
+
+    /// The coordinate columns, in [`context::coordinate_fields`] order.
+    pub fn finish(&mut self) -> Vec<ArrayRef> {
+        let bytes = self.streams.iter().map(|(s, n)| s.len() * n).sum();
+        let mut stream = StringBuilder::with_capacity(self.sequences.len(), bytes);
+        for (s, n) in self.streams.drain(..) {
+            for _ in 0..n {
+                stream.append_value(&*s);
+            }
+        }
+        vec![
+            Arc::new(stream.finish()),
+            Arc::new(Int32Array::from(std::mem::take(&mut self.shards))),
+            Arc::new(Int64Array::from(std::mem::take(&mut self.sequences))),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{Int32Type, Int64Type};
+
+    use super::*;
+
+    #[test]
+    fn coordinates_keep_their_rows_order_across_streams() {
+        let (a, b) = (Arc::<str>::from("a.jsonl"), Arc::<str>::from("b.jsonl"));
+        let mut c = CoordinateBuilder::default();
+        c.append(&a, 0, 0);
+        c.append(&a, 0, 17);
+        c.append(&b, 0, 0);
+        let cols = c.finish();
+        let streams: Vec<&str> = cols[0].as_string::<i32>().iter().flatten().collect();
+        assert_eq!(streams, ["a.jsonl", "a.jsonl", "b.jsonl"]);
+        assert_eq!(cols[1].as_primitive::<Int32Type>().values(), &[0, 0, 0]);
+        assert_eq!(cols[2].as_primitive::<Int64Type>().values(), &[0, 17, 0]);
+        assert_eq!(cols[0].null_count(), 0);
+        // The builder is empty again.
+        assert_eq!(c.finish()[2].len(), 0);
     }
 }

@@ -24,7 +24,7 @@ use sqlparser::ast::{
 };
 
 use crate::cast::{CastPlan, check_cast};
-use crate::context;
+use crate::context::{self, Transport};
 use crate::diagnostic::{Diagnostic, Diagnostics, Span, did_you_mean};
 use crate::functions::{AssumeUtc, CastPlaceholder, ToJson};
 use crate::metadata;
@@ -66,16 +66,13 @@ pub struct SourceContext<'a> {
 }
 
 /// The schema of the change batches a source delivers for a table.
-pub fn scan_schema(table: &SourceTableSchema, transport: bool) -> SchemaRef {
+pub fn scan_schema(table: &SourceTableSchema, transport: Transport) -> SchemaRef {
     let mut fields: Vec<Arc<Field>> = table
         .columns
         .iter()
         .map(|c| Arc::new(Field::new(&c.name.name, c.ty.arrow_type(), c.nullable)))
         .collect();
-    fields.extend(context::cdc_fields());
-    if transport {
-        fields.extend(context::transport_fields());
-    }
+    fields.extend(context::context_fields(transport));
     Arc::new(Schema::new(fields))
 }
 
@@ -276,6 +273,8 @@ impl Binder<'_> {
             })
             .collect();
 
+        self.check_coordinate(&settings, &columns);
+
         for p in &settings.partition_by {
             let span = self
                 .route
@@ -341,6 +340,45 @@ impl Binder<'_> {
             warnings: Diagnostics::default(),
             key_source_columns,
         })
+    }
+
+    /// An `append-idempotent` route must land the transport coordinate: it
+    /// is what makes a duplicate provable (two rows with one coordinate) and
+    /// removable. Sources without one are refused by validation.
+    fn check_coordinate(&mut self, settings: &RouteSettings, columns: &[TargetColumn]) {
+        if settings.mode != WriteMode::AppendIdempotent
+            || self.source.def.transport == Transport::None
+        {
+            return;
+        }
+        let missing: Vec<String> = metadata::COORDINATE
+            .into_iter()
+            .filter(|m| {
+                !columns
+                    .iter()
+                    .any(|c| matches!(&c.origin, ColumnOrigin::Metadata(n) if n == m))
+            })
+            .map(|m| format!("_{m}"))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let span = self
+            .route
+            .options
+            .entry("write_mode")
+            .map_or(self.route.span, |e| e.value_span);
+        let d = self
+            .error(
+                span,
+                format!(
+                    "append-idempotent lands the transport coordinate, and the route does not select {}",
+                    missing.join(", ")
+                ),
+            )
+            .with_rule("a duplicate is provable only by the coordinate every row carries (_stream, _shard, _sequence)")
+            .with_help(format!("add {} to the SELECT", missing.join(", ")));
+        self.diags.push(d);
     }
 
     /// The route key: `primary_key`, or the source key mapped through the
@@ -870,7 +908,7 @@ fn normalize_ident(i: &ast::Ident) -> String {
 fn rewrite_pseudo(
     ident: &mut ast::Ident,
     data_names: &[String],
-    transport: bool,
+    transport: Transport,
     source_kind: &str,
     errors: &mut Vec<Diagnostic>,
 ) {
@@ -893,14 +931,22 @@ fn rewrite_pseudo(
         }
         return;
     };
-    if m.transport && !transport {
-        errors.push(
-            Diagnostic::error(
-                span_of(ident),
-                format!("metadata column `{name}` is transport metadata, and a {source_kind} source has none"),
-            )
-            .with_help("CDC metadata columns: _op, _commit_ts, _ingest_ts, _position, _source_table, _phase"),
-        );
+    if m.transport > transport {
+        let (message, help) = match transport {
+            Transport::None => (
+                format!(
+                    "metadata column `{name}` is transport metadata, and a {source_kind} source has none"
+                ),
+                "CDC metadata columns: _op, _commit_ts, _ingest_ts, _position, _source_table, _phase",
+            ),
+            _ => (
+                format!(
+                    "metadata column `{name}` is message metadata, and a {source_kind} source carries no messages"
+                ),
+                "a change file's transport metadata is its coordinate: _stream (the file), _shard (0), _sequence (the line's byte offset)",
+            ),
+        };
+        errors.push(Diagnostic::error(span_of(ident), message).with_help(help));
         return;
     }
     ident.value = m.context_column.to_string();

@@ -28,12 +28,11 @@ pub const INGEST_TS: &str = "__ingest_ts";
 pub const PHASE: &str = "__phase";
 /// The source table the row came from (`schema.table`).
 pub const SOURCE_TABLE: &str = "__source_table";
-/// Transport columns (Kafka and alike): topic, partition, offset, message
-/// timestamp, key, headers.
+/// Transport stream (topic; a change file's name).
 pub const STREAM: &str = "__stream";
-/// Transport shard (partition).
+/// Transport shard (partition; 0 for a change file).
 pub const SHARD: &str = "__shard";
-/// Transport sequence (offset).
+/// Transport sequence (offset; a change file's line's byte offset).
 pub const SEQUENCE: &str = "__sequence";
 /// Transport message timestamp.
 pub const MSG_TS: &str = "__msg_ts";
@@ -71,17 +70,52 @@ pub fn cdc_fields() -> Vec<FieldRef> {
     ]
 }
 
-/// Context columns only transports (Kafka-like sources) provide, in batch
-/// order after [`cdc_fields`].
-pub fn transport_fields() -> Vec<FieldRef> {
+/// How much transport context a source carries, beyond the CDC columns.
+///
+/// A transport's coordinate (stream, shard, sequence: Kafka's topic,
+/// partition and offset) names each change uniquely and in order; it is what
+/// `append-idempotent` relies on. Message context (timestamp, key, headers)
+/// exists only where a change travelled as a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Transport {
+    /// CDC columns only (a database's replication stream).
+    None,
+    /// The coordinate: [`STREAM`], [`SHARD`], [`SEQUENCE`] (a change file:
+    /// the file, one shard, the line's byte offset).
+    Coordinate,
+    /// The coordinate and the message's timestamp, key and headers (Kafka).
+    Full,
+}
+
+/// The coordinate columns, in batch order after [`cdc_fields`].
+pub fn coordinate_fields() -> Vec<FieldRef> {
     vec![
         Arc::new(Field::new(STREAM, DataType::Utf8, true)),
         Arc::new(Field::new(SHARD, DataType::Int32, true)),
         Arc::new(Field::new(SEQUENCE, DataType::Int64, true)),
+    ]
+}
+
+/// The message columns, in batch order after [`coordinate_fields`].
+pub fn message_fields() -> Vec<FieldRef> {
+    vec![
         Arc::new(Field::new(MSG_TS, ts(), true)),
         Arc::new(Field::new(MSG_KEY, DataType::Binary, true)),
         Arc::new(Field::new(HEADERS, DataType::Utf8, true)),
     ]
+}
+
+/// The context columns a source with `transport` delivers after the data
+/// columns, in batch order.
+pub fn context_fields(transport: Transport) -> Vec<FieldRef> {
+    let mut fields = cdc_fields();
+    if transport >= Transport::Coordinate {
+        fields.extend(coordinate_fields());
+    }
+    if transport >= Transport::Full {
+        fields.extend(message_fields());
+    }
+    fields
 }
 
 /// True for the name of a context column (they all start with `__`).

@@ -6,7 +6,7 @@
 //! metadata column lands nullable at the end of the target schema, in the
 //! order selected. Names outside this catalog are rejected.
 
-use crate::context;
+use crate::context::{self, Transport};
 use crate::types::CanonicalType;
 
 /// One entry of the catalog.
@@ -18,11 +18,16 @@ pub struct MetadataColumn {
     pub context_column: &'static str,
     /// Its canonical type in the target.
     pub ty: CanonicalType,
-    /// Only transport sources (Kafka-like) provide it.
-    pub transport: bool,
+    /// The transport context a source must carry to provide it
+    /// ([`Transport::None`]: every source does).
+    pub transport: Transport,
     /// What it means, for `validate` and docs.
     pub doc: &'static str,
 }
+
+/// The metadata columns of a transport's coordinate, in order: together
+/// they name one change uniquely (Kafka's topic, partition, offset).
+pub const COORDINATE: [&str; 3] = ["stream", "shard", "sequence"];
 
 /// Every metadata column, CDC ones first, then transport ones.
 pub fn catalog() -> Vec<MetadataColumn> {
@@ -39,84 +44,84 @@ pub fn catalog() -> Vec<MetadataColumn> {
             "op",
             context::OP,
             T::String,
-            false,
+            Transport::None,
             "insert | update | delete",
         ),
         m(
             "commit_ts",
             context::COMMIT_TS,
             T::TimestampTz,
-            false,
+            Transport::None,
             "source commit time; NULL for snapshot rows",
         ),
         m(
             "ingest_ts",
             context::INGEST_TS,
             T::TimestampTz,
-            false,
+            Transport::None,
             "when the engine read the change",
         ),
         m(
             "position",
             context::POS,
             T::String,
-            false,
+            Transport::None,
             "source position of the change's transaction",
         ),
         m(
             "source_table",
             context::SOURCE_TABLE,
             T::String,
-            false,
+            Transport::None,
             "the source table of the change",
         ),
         m(
             "phase",
             context::PHASE,
             T::String,
-            false,
+            Transport::None,
             "snapshot | stream | incremental",
         ),
         m(
             "stream",
             context::STREAM,
             T::String,
-            true,
+            Transport::Coordinate,
             "transport stream (topic)",
         ),
         m(
             "shard",
             context::SHARD,
             T::Int32,
-            true,
+            Transport::Coordinate,
             "transport shard (partition)",
         ),
         m(
             "sequence",
             context::SEQUENCE,
             T::Int64,
-            true,
+            Transport::Coordinate,
             "transport sequence (offset)",
         ),
         m(
             "msg_ts",
             context::MSG_TS,
             T::TimestampTz,
-            true,
+            Transport::Full,
             "transport message timestamp",
         ),
         m(
             "msg_key",
             context::MSG_KEY,
             T::Binary,
-            true,
+            Transport::Full,
             "transport message key",
         ),
         m(
             "headers",
             context::HEADERS,
             T::Json,
-            true,
+            Transport::Full,
             "transport headers as JSON",
         ),
     ]
@@ -166,6 +171,8 @@ mod tests {
         assert_eq!(lookup_pseudo("_op").unwrap().context_column, "__op");
         assert!(lookup_pseudo("__op").is_none());
         assert!(lookup("commit_time").is_none());
-        assert!(lookup("headers").unwrap().transport);
+        assert_eq!(lookup("headers").unwrap().transport, Transport::Full);
+        assert_eq!(lookup("sequence").unwrap().transport, Transport::Coordinate);
+        assert_eq!(lookup("op").unwrap().transport, Transport::None);
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::context::Transport;
 use crate::diagnostic::Diagnostics;
 use crate::options::OptionDef;
 use crate::sink::{Sink, SinkError};
@@ -29,9 +30,10 @@ pub struct SourceKindDef {
     /// The source carries no schema: routed tables must be declared with
     /// `CREATE TABLE source.table (...)`.
     pub declares_tables: bool,
-    /// The source provides transport context columns (stream, shard,
-    /// sequence, ...) — the coordinate `append-idempotent` needs.
-    pub transport: bool,
+    /// The transport context the source provides beyond the CDC columns:
+    /// its coordinate (stream, shard, sequence) is what `append-idempotent`
+    /// needs.
+    pub transport: Transport,
     /// Extra checks of a source's options (settings this build cannot
     /// honour, combinations).
     pub rules: Vec<SourceRule>,

@@ -58,6 +58,21 @@ impl TargetTable {
         ))
     }
 
+    /// The target names of the transport coordinate's columns (the
+    /// metadata columns `stream`, `shard`, `sequence`, in that order) that
+    /// the table holds: what an `append-idempotent` table is unique by.
+    pub fn coordinate_columns(&self) -> Vec<&str> {
+        crate::metadata::COORDINATE
+            .iter()
+            .filter_map(|m| {
+                self.columns.iter().find_map(|c| match &c.origin {
+                    ColumnOrigin::Metadata(n) if n == m => Some(c.name.as_str()),
+                    _ => None,
+                })
+            })
+            .collect()
+    }
+
     /// Index of the key columns in [`Self::columns`].
     pub fn key_indices(&self) -> Vec<usize> {
         self.key

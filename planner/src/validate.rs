@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::context::Transport;
 use crate::diagnostic::{Diagnostic, Diagnostics, Span, did_you_mean};
 use crate::options::{OptionDef, OptionMap, OptionType, check_options, parse_duration};
 use crate::partition::{PartitionField, parse_partition_by};
@@ -381,7 +382,7 @@ pub fn validate(spec: &mut PipelineSpec, registry: &Registry) -> Diagnostics {
         }
         if settings.mode == WriteMode::AppendIdempotent
             && let Some(src) = &source_def
-            && !src.transport
+            && src.transport == Transport::None
         {
             let span = route
                 .options

@@ -2,11 +2,11 @@
 """Test harness: read an Iceberg table with DuckDB's iceberg extension, as an
 independent reader of what urutau's Iceberg sink wrote.
 
-    python iceberg_read.py <metadata.json> [--order-by COL]
+    python iceberg_read.py <metadata.json> [--order-by COL[,COL...]]
     python iceberg_read.py --avro-rows <file.avro>
     python iceberg_read.py --check-sequence-numbers <metadata.json>
     python iceberg_read.py --rest URI --warehouse s3://B/ --credential ID:SECRET
-        --table NS.T --s3-endpoint http://H:P [--order-by COL] [--metadata]
+        --table NS.T --s3-endpoint http://H:P [--order-by COL[,COL...]] [--metadata]
 
 With --rest the table's metadata location is looked up in the REST catalog
 (and --metadata prints the table's metadata JSON instead of its rows); S3
@@ -232,7 +232,7 @@ def main():
         select.append(f"CAST({quote(name)} AS {sql_type}) AS {quote(name)}" if changed else quote(name))
     sql = f"SELECT {', '.join(select)} FROM iceberg_scan(?)"
     if args.order_by:
-        sql += f" ORDER BY {quote(args.order_by)}"
+        sql += " ORDER BY " + ", ".join(quote(c.strip()) for c in args.order_by.split(","))
     rel = con.execute(sql, [args.metadata_json])
     out = sys.stdout
     while True:

@@ -84,15 +84,41 @@ pub fn loses_null(ty: &CanonicalType) -> bool {
     matches!(ty, CanonicalType::List(_) | CanonicalType::Map(..))
 }
 
+/// The columns the table is ordered by, and unique by when its engine
+/// replaces: the key, or an `append-idempotent` table's transport
+/// coordinate (a row landed twice shares it, and is merged away).
+pub fn order_columns(target: &TargetTable) -> Vec<String> {
+    if target.mode == WriteMode::AppendIdempotent {
+        target
+            .coordinate_columns()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    } else {
+        target.key.clone()
+    }
+}
+
+/// The table engine a route needs (without arguments): rows replace one
+/// another by key (upsert) or by coordinate (append-idempotent).
+pub fn engine_name(target: &TargetTable) -> &'static str {
+    match target.mode {
+        WriteMode::Upsert | WriteMode::AppendIdempotent => "ReplacingMergeTree",
+        WriteMode::Append => "MergeTree",
+    }
+}
+
 /// The columns of the table a route needs: `(name, ClickHouse type)`,
-/// route columns then the reserved ones.
+/// route columns then the reserved ones. The columns the table is ordered
+/// by are never Nullable.
 pub fn table_columns(target: &TargetTable) -> Vec<(String, String)> {
+    let order = order_columns(target);
     let mut out: Vec<(String, String)> = target
         .columns
         .iter()
         .map(|c| {
-            let is_key = target.key.iter().any(|k| k == &c.name);
-            (c.name.clone(), column_type(&c.ty, c.nullable && !is_key))
+            let in_order = order.contains(&c.name);
+            (c.name.clone(), column_type(&c.ty, c.nullable && !in_order))
         })
         .collect();
     out.push((POSITION.into(), "String".into()));
@@ -115,21 +141,23 @@ pub fn reserved_collisions(target: &TargetTable) -> Vec<String> {
 ///
 /// Upsert: `ReplacingMergeTree(seq, is_deleted) ORDER BY (key)` with the
 /// table setting `OPTIMIZE .. FINAL CLEANUP` needs; append: `MergeTree`
-/// ordered by the key when there is one. `PARTITION BY` only when the
-/// route asks for it.
+/// ordered by the key when there is one; append-idempotent:
+/// `ReplacingMergeTree(seq) ORDER BY (stream, shard, sequence)`, so a change
+/// landed twice (a partitioned table's replay) is merged away, and `FINAL`
+/// reads it once. `PARTITION BY` only when the route asks for it.
 pub fn create_table(database: &str, table: &str, target: &TargetTable) -> String {
     let columns = table_columns(target)
         .iter()
         .map(|(n, t)| format!("  {} {}", ident(n), t))
         .collect::<Vec<_>>()
         .join(",\n");
-    let order = if target.key.is_empty() {
+    let order_columns = order_columns(target);
+    let order = if order_columns.is_empty() {
         "tuple()".to_string()
     } else {
         format!(
             "({})",
-            target
-                .key
+            order_columns
                 .iter()
                 .map(|k| ident(k))
                 .collect::<Vec<_>>()
@@ -141,7 +169,10 @@ pub fn create_table(database: &str, table: &str, target: &TargetTable) -> String
             format!("ReplacingMergeTree({}, {})", ident(SEQ), ident(IS_DELETED)),
             "\nSETTINGS allow_experimental_replacing_merge_with_cleanup = 1",
         ),
-        WriteMode::Append | WriteMode::AppendIdempotent => ("MergeTree".to_string(), ""),
+        // Copies of one change hold equal data; the newest (highest `seq`)
+        // stays, so the table's `max(seq)` never goes down.
+        WriteMode::AppendIdempotent => (format!("ReplacingMergeTree({})", ident(SEQ)), ""),
+        WriteMode::Append => ("MergeTree".to_string(), ""),
     };
     let partition = if target.partition_by.is_empty() {
         String::new()
@@ -284,5 +315,41 @@ mod tests {
         assert!(p[0].contains("`id` is Int32"));
         assert!(p[1].contains("`v` (Nullable(String)) is missing"));
         assert!(p[2].contains("`w`"));
+    }
+
+    #[test]
+    fn an_append_idempotent_table_replaces_by_its_coordinate() {
+        use urutau_planner::target::{ColumnOrigin, TargetColumn};
+        let column = |name: &str, ty, origin| TargetColumn {
+            name: name.into(),
+            ty,
+            nullable: true,
+            origin,
+        };
+        let meta = |m: &str| ColumnOrigin::Metadata(m.into());
+        let target = TargetTable {
+            name: vec!["log".into()],
+            columns: vec![
+                column("id", CanonicalType::Int64, ColumnOrigin::Data),
+                column("seq_no", CanonicalType::Int64, meta("sequence")),
+                column("topic", CanonicalType::String, meta("stream")),
+                column("part", CanonicalType::Int32, meta("shard")),
+            ],
+            // A key does not make changes of one key collapse.
+            key: vec!["id".into()],
+            mode: WriteMode::AppendIdempotent,
+            partition_by: vec![],
+            workers: 1,
+        };
+        assert_eq!(order_columns(&target), ["topic", "part", "seq_no"]);
+        let sql = create_table("db", "log", &target);
+        assert!(sql.contains("ENGINE = ReplacingMergeTree(`seq`)"), "{sql}");
+        assert!(
+            sql.contains("ORDER BY (`topic`, `part`, `seq_no`)"),
+            "{sql}"
+        );
+        assert!(sql.contains("`topic` String,"), "{sql}");
+        assert!(sql.contains("`seq_no` Int64,"), "{sql}");
+        assert!(sql.contains("`id` Nullable(Int64)"), "{sql}");
     }
 }

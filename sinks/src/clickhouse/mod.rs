@@ -1,5 +1,6 @@
 //! The ClickHouse sink: upserts into `ReplacingMergeTree(seq, is_deleted)`,
-//! appends into `MergeTree`, the position in the data itself.
+//! appends into `MergeTree` (append-idempotent: `ReplacingMergeTree(seq)` by
+//! the transport coordinate), the position in the data itself.
 //!
 //! One batch is ONE `INSERT ... FORMAT ArrowStream` (the official
 //! `clickhouse` crate with `clickhouse-ext-arrow`), never row by row:
@@ -286,20 +287,24 @@ impl ClickHouseSink {
             })
             .collect();
         let mut problems = ddl::column_problems(&existing, &ddl::table_columns(target));
-        let wanted_engine = match target.mode {
-            WriteMode::Upsert => "ReplacingMergeTree",
-            _ => "MergeTree",
-        };
+        let wanted_engine = ddl::engine_name(target);
         if engine != wanted_engine {
             problems.push(format!(
                 "the engine is {engine}, the route needs {wanted_engine}"
             ));
         }
-        if target.mode == WriteMode::Upsert && ddl::sorting_columns(sorting_key) != target.key {
+        // A replacing engine is unique by its ORDER BY.
+        let order = ddl::order_columns(target);
+        if wanted_engine == "ReplacingMergeTree" && ddl::sorting_columns(sorting_key) != order {
+            let what = if target.mode == WriteMode::Upsert {
+                "key"
+            } else {
+                "coordinate"
+            };
             problems.push(format!(
-                "ORDER BY is ({}), the route's key is ({})",
+                "ORDER BY is ({}), the route's {what} is ({})",
                 sorting_key.trim_matches(|c| c == '(' || c == ')'),
-                target.key.join(", ")
+                order.join(", ")
             ));
         }
         if problems.is_empty() {

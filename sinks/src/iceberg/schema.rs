@@ -16,6 +16,7 @@ use iceberg::spec::{
     SortDirection, SortField, SortOrder, StructType, Transform, Type, UnboundPartitionSpec,
 };
 use urutau_planner::partition::{PartitionField, Transform as RouteTransform};
+use urutau_planner::spec::WriteMode;
 use urutau_planner::target::TargetTable;
 use urutau_planner::types::CanonicalType;
 
@@ -134,14 +135,22 @@ pub fn partition_spec(
     Ok(b.build())
 }
 
-/// The table's sort order: by key, ascending.
+/// The table's sort order: by key, ascending; an `append-idempotent`
+/// table's by the transport coordinate (stream, shard, sequence), the order
+/// its rows arrive in, so duplicates (rows sharing one) would sit side by
+/// side.
 pub fn sort_order(target: &TargetTable, schema: &Schema) -> iceberg::Result<SortOrder> {
-    if target.key.is_empty() {
+    let columns: Vec<&str> = if target.mode == WriteMode::AppendIdempotent {
+        target.coordinate_columns()
+    } else {
+        target.key.iter().map(String::as_str).collect()
+    };
+    if columns.is_empty() {
         return Ok(SortOrder::unsorted_order());
     }
     let mut b = SortOrder::builder();
     b.with_order_id(1);
-    for k in &target.key {
+    for k in columns {
         if let Some(id) = schema.field_id_by_name(k) {
             b.with_sort_field(
                 SortField::builder()

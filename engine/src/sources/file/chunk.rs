@@ -11,6 +11,7 @@
 //! with one thread.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::change_batch::RowKind;
 use crate::position::FilePosition;
@@ -21,6 +22,8 @@ pub struct Chunk {
     /// The file's name in a directory (positions are `name:offset`), or
     /// `None` when the source is one file (positions are offsets).
     pub file: Option<String>,
+    /// The file's transport stream (its changes' `_stream`).
+    pub stream: Arc<str>,
     /// The file's path, for messages.
     pub path: PathBuf,
     /// The lines' bytes, as read (UTF-8, checked by the framing stage).
@@ -39,6 +42,9 @@ pub struct RowImage {
     pub snapshot: bool,
     /// The line it is on (for messages).
     pub line: u64,
+    /// The byte offset in the file where that line starts: the change's
+    /// transport sequence.
+    pub offset: u64,
 }
 
 /// One thing the decoding stage does.
@@ -57,12 +63,18 @@ pub enum Step {
 
 impl Chunk {
     /// An empty chunk of `file`, reusing `spare` buffers when given.
-    pub fn new(file: Option<String>, path: PathBuf, spare: Option<(Vec<u8>, Vec<Step>)>) -> Self {
+    pub fn new(
+        file: Option<String>,
+        stream: Arc<str>,
+        path: PathBuf,
+        spare: Option<(Vec<u8>, Vec<Step>)>,
+    ) -> Self {
         let (mut text, mut steps) = spare.unwrap_or_default();
         text.clear();
         steps.clear();
         Chunk {
             file,
+            stream,
             path,
             text,
             steps,

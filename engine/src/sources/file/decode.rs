@@ -20,10 +20,11 @@ use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
+use urutau_planner::context;
 use urutau_planner::registry::SourceTableSchema;
 use urutau_planner::types::{CanonicalType, UTC};
 
-use crate::change_batch::{ContextBuilder, RowKind};
+use crate::change_batch::{ContextBuilder, CoordinateBuilder, RowKind};
 
 /// A row value that does not fit (carried as a serde error message).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +113,8 @@ pub struct TableDecoder {
     index: foldhash::HashMap<String, usize>,
     set: Vec<bool>,
     context: ContextBuilder,
+    /// The rows' coordinates, when the scan schema has the columns.
+    coordinate: Option<CoordinateBuilder>,
     schema: SchemaRef,
     source_table: String,
     /// Fields seen in the data that the declaration lacks (warned once).
@@ -142,6 +145,10 @@ impl TableDecoder {
             columns,
             index,
             context: ContextBuilder::new(),
+            coordinate: scan_schema
+                .index_of(context::STREAM)
+                .is_ok()
+                .then(CoordinateBuilder::default),
             schema: scan_schema,
             source_table,
             undeclared: Vec::new(),
@@ -163,7 +170,9 @@ impl TableDecoder {
         self.context.open_rows()
     }
 
-    /// Decodes one row image (the text of a JSON object) at `line`.
+    /// Decodes one row image (the text of a JSON object) at `line`, whose
+    /// change has the coordinate (`stream`, shard 0, `sequence`).
+    #[allow(clippy::too_many_arguments)]
     pub fn append_row(
         &mut self,
         raw: &str,
@@ -171,6 +180,8 @@ impl TableDecoder {
         commit_ts_micros: Option<i64>,
         snapshot: bool,
         line: u64,
+        stream: &Arc<str>,
+        sequence: i64,
     ) -> Result<(), DecodeError> {
         self.set.iter_mut().for_each(|s| *s = false);
         let mut de = serde_json::Deserializer::from_str(raw);
@@ -207,6 +218,9 @@ impl TableDecoder {
             }
         }
         self.context.append(kind, commit_ts_micros, snapshot);
+        if let Some(c) = &mut self.coordinate {
+            c.append(stream, 0, sequence);
+        }
         Ok(())
     }
 
@@ -217,6 +231,9 @@ impl TableDecoder {
             arrays.push(finish_builder(&mut c.builder)?);
         }
         arrays.extend(self.context.finish(ingest_ts_micros, &self.source_table));
+        if let Some(c) = &mut self.coordinate {
+            arrays.extend(c.finish());
+        }
         RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| DecodeError {
             field: None,
             message: format!("internal: {e}"),

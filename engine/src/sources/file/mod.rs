@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::sync::mpsc;
+use urutau_planner::context::Transport;
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SourceKindDef, SourceProvider};
 use urutau_planner::spec::SourceSpec;
@@ -52,7 +53,9 @@ impl FileSourceProvider {
                     .default("debezium-json"),
                 ],
                 declares_tables: true,
-                transport: false,
+                // Each change has a coordinate: the file, one shard, the
+                // line's byte offset.
+                transport: Transport::Coordinate,
                 rules: vec![],
             },
         }

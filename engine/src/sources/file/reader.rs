@@ -137,6 +137,8 @@ type RowImages<'a> = [Option<(RowKind, Option<&'a RawValue>)>; 2];
 /// One file to read and where to stop (for `--exit-when-caught-up`).
 struct FileCursor {
     name: Option<String>,
+    /// The transport stream of its changes: its name.
+    stream: Arc<str>,
     path: PathBuf,
     reader: BufReader<File>,
     offset: u64,
@@ -224,6 +226,7 @@ fn open_at(
         .seek(SeekFrom::Start(offset))
         .map_err(|e| SourceError::new(format!("{}: {e}", path.display())))?;
     Ok(FileCursor {
+        stream: stream_name(name.as_deref(), path),
         name,
         path: path.to_path_buf(),
         reader,
@@ -231,6 +234,19 @@ fn open_at(
         line,
         stop_at,
     })
+}
+
+/// A change file's stream (its changes' `_stream`): its name in the
+/// directory, or the file name of a one-file source.
+fn stream_name(name: Option<&str>, path: &Path) -> Arc<str> {
+    match name {
+        Some(n) => Arc::from(n),
+        None => Arc::from(
+            path.file_name()
+                .map_or_else(|| path.to_string_lossy(), |n| n.to_string_lossy())
+                .as_ref(),
+        ),
+    }
 }
 
 enum LineRead {
@@ -341,11 +357,15 @@ impl Reader {
         if self.text.is_empty() && self.steps.is_empty() {
             return true;
         }
-        let (file, path) = match &self.current {
-            Some(c) => (c.name.clone(), c.path.clone()),
-            None => (None, self.cfg.path.clone()),
+        let (file, stream, path) = match &self.current {
+            Some(c) => (c.name.clone(), c.stream.clone(), c.path.clone()),
+            None => (
+                None,
+                stream_name(None, &self.cfg.path),
+                self.cfg.path.clone(),
+            ),
         };
-        let mut next = Chunk::new(file, path, self.spare.try_recv().ok());
+        let mut next = Chunk::new(file, stream, path, self.spare.try_recv().ok());
         // A buffer that grew for a huge line is not kept at that size.
         if next.text.capacity() > 2 * CHUNK_BYTES {
             next.text = Vec::new();
@@ -550,7 +570,10 @@ impl Reader {
         };
         let schema = source.schema.as_deref();
         let commit_ts = source.ts_ms.map(|ms| ms * 1000);
-        let line = self.current.as_ref().map_or(0, |c| c.line);
+        let (line, line_offset) = self
+            .current
+            .as_ref()
+            .map_or((0, 0), |c| (c.line, c.offset - line_bytes.len() as u64));
         let idx = self
             .cfg
             .tables
@@ -601,6 +624,7 @@ impl Reader {
                     commit_ts: if snapshot { None } else { commit_ts },
                     snapshot,
                     line,
+                    offset: line_offset,
                 }));
                 self.open_rows += 1;
                 self.batch_rows += 1;
@@ -680,6 +704,7 @@ pub fn run_reader(
         Err(e) => {
             let _ = chunks_tx.send(Chunk {
                 file: None,
+                stream: Arc::from(""),
                 path: PathBuf::new(),
                 text: Vec::new(),
                 steps: vec![Step::Fail(e)],

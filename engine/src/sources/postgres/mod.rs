@@ -32,6 +32,7 @@ mod stream;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use urutau_planner::context::Transport;
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SchemaError, SourceKindDef, SourceProvider, SourceTableSchema};
 use urutau_planner::spec::{QualifiedName, SourceSpec, SourceTableSpec};
@@ -100,7 +101,7 @@ impl PostgresSourceProvider {
                     .default("ignore"),
                 ],
                 declares_tables: false,
-                transport: false,
+                transport: Transport::None,
                 rules: vec![],
             },
         }
