@@ -316,6 +316,20 @@ fn validate_rejects_with_location_and_rule() {
     );
     let f = write(
         d,
+        "idem-derived.sql",
+        &format!(
+            "{SOURCE}{lake}CREATE TABLE out.o WITH (write_mode = 'append-idempotent') AS SELECT id, _stream, _shard, _sequence % 10 AS sequence FROM events.orders;\n"
+        ),
+    );
+    check_invalid(
+        &f,
+        "4:91",
+        &[
+            "`sequence` is computed from `_sequence`: an append-idempotent route lands the coordinate as it is",
+        ],
+    );
+    let f = write(
+        d,
         "idem-pg.sql",
         &format!(
             "CREATE SOURCE db FROM postgres WITH (uri = 'postgres://u@127.0.0.1:1/x', slot = 's');\n{lake}CREATE TABLE out.o WITH (write_mode = 'append-idempotent') AS SELECT id FROM db.public.orders;\n"

@@ -370,7 +370,7 @@ fn chunk_pipeline(path: &Path, store: &str) -> String {
         .replace(
             "AS SELECT id, v, _op AS op FROM s.t;",
             "AS SELECT id, v, _op AS op FROM s.t;
-             CREATE TABLE m.pos WITH (write_mode = 'append') AS SELECT id, _position AS pos FROM s.t;",
+             CREATE TABLE m.pos WITH (write_mode = 'append') AS SELECT id, _position AS pos, _stream AS stream, _sequence AS seq FROM s.t;",
         )
 }
 
@@ -410,6 +410,14 @@ async fn transactions_spanning_the_readers_chunks_keep_their_positions() {
     assert_eq!(pos.len(), lines.len(), "every row once");
     for (i, row) in pos.iter().enumerate() {
         assert_eq!(row[1], tx_end[i].to_string(), "line {}", i + 1);
+        // Its coordinate: the file, the offset its line starts at.
+        let start = if i == 0 { 0 } else { offsets[i - 1] };
+        assert_eq!(
+            row[2..],
+            ["chunks.jsonl".to_string(), start.to_string()],
+            "line {}",
+            i + 1
+        );
     }
     // The batches: each closes at the first transaction end where it holds
     // 3,001 rows (a key change adds its before image for the upsert route).
@@ -442,6 +450,7 @@ async fn a_directory_read_in_chunks_gives_each_row_its_files_position() {
     // Three files, cut inside transactions (the long one among them).
     let cuts = [0, 9_001, 22_500, lines.len()];
     let mut expected_pos = Vec::new();
+    let mut expected_coordinates = Vec::new();
     for (n, w) in cuts.windows(2).enumerate() {
         let name = format!("part-{n}.jsonl");
         let part = &lines[w[0]..w[1]];
@@ -461,6 +470,11 @@ async fn a_directory_read_in_chunks_gives_each_row_its_files_position() {
             ends[i] = end;
         }
         expected_pos.extend(ends.into_iter().map(|e| format!("{name}:{e}")));
+        expected_coordinates.extend(
+            std::iter::once(0)
+                .chain(offsets[..part.len() - 1].iter().copied())
+                .map(|start| [name.clone(), start.to_string()]),
+        );
     }
     let store = common::unique("chunkdir");
     run(&chunk_pipeline(dir.path(), &store)).await.unwrap();
@@ -468,6 +482,12 @@ async fn a_directory_read_in_chunks_gives_each_row_its_files_position() {
     assert_eq!(pos.len(), lines.len(), "every row once");
     for (i, row) in pos.iter().enumerate() {
         assert_eq!(row[1], expected_pos[i], "line {} of the input", i + 1);
+        assert_eq!(
+            row[2..],
+            expected_coordinates[i],
+            "line {} of the input",
+            i + 1
+        );
     }
     let ends: std::collections::BTreeSet<&String> = expected_pos.iter().collect();
     for (p, n, _) in &table(&store, "pos").commits {

@@ -734,7 +734,7 @@ async fn append_idempotent_lands_each_change_once_by_its_coordinate() {
     };
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("changes");
-    let (lines, state) = workload(23, 12_000, 900);
+    let (lines, state) = workload(23, 20_000, 1_500);
     let expected = coordinated_changes(&data, &lines, 3);
     let catalog = Catalog::Sql(dir.path());
     // Two tables of one source commit apart: after a kill, the one ahead is
@@ -753,7 +753,7 @@ CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
     );
     let p = dir.path().join("p.sql");
     std::fs::write(&p, text).unwrap();
-    common::kill_9_runs(&p, 23, 5, 100..700);
+    common::kill_9_runs(&p, 23, 5, 100..600);
     run_to_end(&p);
 
     let log_rows = |python: &Path, loc: &str| -> Vec<(String, i64, i64, String)> {
@@ -788,6 +788,36 @@ CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
     );
     assert_eq!(read.len(), expected.len(), "one row per change");
     assert!(read == expected, "every change, by its coordinate");
+    // The table is sorted by the coordinate (the order rows arrive in).
+    let log_md = metadata_json(&log_loc);
+    let schema = log_md["schemas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["schema-id"] == log_md["current-schema-id"])
+        .unwrap();
+    let order = log_md["sort-orders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["order-id"] == log_md["default-sort-order-id"])
+        .unwrap();
+    let sorted_by: Vec<&str> = order["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            schema["fields"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["id"] == f["source-id"])
+                .unwrap()["name"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(sorted_by, ["stream", "shard", "seq"]);
     let items_loc = common::catalog_metadata_location(&db, "bronze", "items")
         .await
         .unwrap();

@@ -273,7 +273,7 @@ impl Binder<'_> {
             })
             .collect();
 
-        self.check_coordinate(&settings, &columns);
+        self.check_coordinate(&settings, &ordered);
 
         for p in &settings.partition_by {
             let span = self
@@ -342,23 +342,45 @@ impl Binder<'_> {
         })
     }
 
-    /// An `append-idempotent` route must land the transport coordinate: it
-    /// is what makes a duplicate provable (two rows with one coordinate) and
-    /// removable. Sources without one are refused by validation.
-    fn check_coordinate(&mut self, settings: &RouteSettings, columns: &[TargetColumn]) {
+    /// An `append-idempotent` route must land the transport coordinate, as
+    /// it is: it is what makes a duplicate provable (two rows with one
+    /// coordinate) and removable, and what sinks order and replace by. A
+    /// value computed from it (`_sequence % 10`) can repeat, so it does not
+    /// count. Sources without a coordinate are refused by validation.
+    fn check_coordinate(&mut self, settings: &RouteSettings, items: &[BoundItem]) {
         if settings.mode != WriteMode::AppendIdempotent
             || self.source.def.transport == Transport::None
         {
             return;
         }
-        let missing: Vec<String> = metadata::COORDINATE
+        for item in items {
+            let Some(m) = item.metadata.as_deref() else {
+                continue;
+            };
+            let Some(column) = metadata::lookup(m)
+                .filter(|_| metadata::COORDINATE.contains(&m))
+                .map(|c| c.context_column)
+            else {
+                continue;
+            };
+            let as_is = matches!(strip_alias_cast(&item.expr), Expr::Column(c) if c.name == column);
+            if !as_is {
+                let d = self
+                    .error(
+                        item.span,
+                        format!(
+                            "`{}` is computed from `_{m}`: an append-idempotent route lands the coordinate as it is",
+                            item.name
+                        ),
+                    )
+                    .with_rule("a value computed from the coordinate can repeat, and the sink replaces rows that share one")
+                    .with_help(format!("select `_{m}` itself (a cast is fine), and compute other columns beside it"));
+                self.diags.push(d);
+            }
+        }
+        let missing: Vec<&str> = metadata::COORDINATE
             .into_iter()
-            .filter(|m| {
-                !columns
-                    .iter()
-                    .any(|c| matches!(&c.origin, ColumnOrigin::Metadata(n) if n == m))
-            })
-            .map(|m| format!("_{m}"))
+            .filter(|m| !items.iter().any(|i| i.metadata.as_deref() == Some(*m)))
             .collect();
         if missing.is_empty() {
             return;
@@ -368,16 +390,22 @@ impl Binder<'_> {
             .options
             .entry("write_mode")
             .map_or(self.route.span, |e| e.value_span);
+        let sql: Vec<String> = missing.iter().map(|m| format!("_{m}")).collect();
+        let yaml: Vec<String> = missing.iter().map(|m| format!("{{from: {m}}}")).collect();
         let d = self
             .error(
                 span,
                 format!(
                     "append-idempotent lands the transport coordinate, and the route does not select {}",
-                    missing.join(", ")
+                    sql.join(", ")
                 ),
             )
             .with_rule("a duplicate is provable only by the coordinate every row carries (_stream, _shard, _sequence)")
-            .with_help(format!("add {} to the SELECT", missing.join(", ")));
+            .with_help(format!(
+                "add {} to the SELECT (YAML: `metadata: [{}]`)",
+                sql.join(", "),
+                yaml.join(", ")
+            ));
         self.diags.push(d);
     }
 

@@ -87,12 +87,14 @@ pub enum Transport {
     Full,
 }
 
-/// The coordinate columns, in batch order after [`cdc_fields`].
+/// The coordinate columns, in batch order after [`cdc_fields`]. Never
+/// null: every change of a source with a coordinate has one (a sink that
+/// replaces by it relies on that).
 pub fn coordinate_fields() -> Vec<FieldRef> {
     vec![
-        Arc::new(Field::new(STREAM, DataType::Utf8, true)),
-        Arc::new(Field::new(SHARD, DataType::Int32, true)),
-        Arc::new(Field::new(SEQUENCE, DataType::Int64, true)),
+        Arc::new(Field::new(STREAM, DataType::Utf8, false)),
+        Arc::new(Field::new(SHARD, DataType::Int32, false)),
+        Arc::new(Field::new(SEQUENCE, DataType::Int64, false)),
     ]
 }
 

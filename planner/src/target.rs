@@ -73,6 +73,16 @@ impl TargetTable {
             .collect()
     }
 
+    /// The columns the table is ordered by, and which a replacing sink
+    /// makes unique: an `append-idempotent` table's coordinate (changes of
+    /// one key must not collapse), otherwise the key.
+    pub fn order_columns(&self) -> Vec<&str> {
+        match self.mode {
+            WriteMode::AppendIdempotent => self.coordinate_columns(),
+            _ => self.key.iter().map(String::as_str).collect(),
+        }
+    }
+
     /// Index of the key columns in [`Self::columns`].
     pub fn key_indices(&self) -> Vec<usize> {
         self.key

@@ -84,21 +84,6 @@ pub fn loses_null(ty: &CanonicalType) -> bool {
     matches!(ty, CanonicalType::List(_) | CanonicalType::Map(..))
 }
 
-/// The columns the table is ordered by, and unique by when its engine
-/// replaces: the key, or an `append-idempotent` table's transport
-/// coordinate (a row landed twice shares it, and is merged away).
-pub fn order_columns(target: &TargetTable) -> Vec<String> {
-    if target.mode == WriteMode::AppendIdempotent {
-        target
-            .coordinate_columns()
-            .into_iter()
-            .map(str::to_string)
-            .collect()
-    } else {
-        target.key.clone()
-    }
-}
-
 /// The table engine a route needs (without arguments): rows replace one
 /// another by key (upsert) or by coordinate (append-idempotent).
 pub fn engine_name(target: &TargetTable) -> &'static str {
@@ -112,12 +97,12 @@ pub fn engine_name(target: &TargetTable) -> &'static str {
 /// route columns then the reserved ones. The columns the table is ordered
 /// by are never Nullable.
 pub fn table_columns(target: &TargetTable) -> Vec<(String, String)> {
-    let order = order_columns(target);
+    let order = target.order_columns();
     let mut out: Vec<(String, String)> = target
         .columns
         .iter()
         .map(|c| {
-            let in_order = order.contains(&c.name);
+            let in_order = order.contains(&c.name.as_str());
             (c.name.clone(), column_type(&c.ty, c.nullable && !in_order))
         })
         .collect();
@@ -151,7 +136,7 @@ pub fn create_table(database: &str, table: &str, target: &TargetTable) -> String
         .map(|(n, t)| format!("  {} {}", ident(n), t))
         .collect::<Vec<_>>()
         .join(",\n");
-    let order_columns = order_columns(target);
+    let order_columns = target.order_columns();
     let order = if order_columns.is_empty() {
         "tuple()".to_string()
     } else {
@@ -341,7 +326,7 @@ mod tests {
             partition_by: vec![],
             workers: 1,
         };
-        assert_eq!(order_columns(&target), ["topic", "part", "seq_no"]);
+        assert_eq!(target.order_columns(), ["topic", "part", "seq_no"]);
         let sql = create_table("db", "log", &target);
         assert!(sql.contains("ENGINE = ReplacingMergeTree(`seq`)"), "{sql}");
         assert!(

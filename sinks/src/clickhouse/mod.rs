@@ -294,13 +294,15 @@ impl ClickHouseSink {
             ));
         }
         // A replacing engine is unique by its ORDER BY.
-        let order = ddl::order_columns(target);
-        if wanted_engine == "ReplacingMergeTree" && ddl::sorting_columns(sorting_key) != order {
-            let what = if target.mode == WriteMode::Upsert {
-                "key"
-            } else {
-                "coordinate"
-            };
+        let what = match target.mode {
+            WriteMode::Upsert => Some("key"),
+            WriteMode::AppendIdempotent => Some("coordinate"),
+            WriteMode::Append => None,
+        };
+        let order = target.order_columns();
+        if let Some(what) = what
+            && ddl::sorting_columns(sorting_key) != order
+        {
             problems.push(format!(
                 "ORDER BY is ({}), the route's {what} is ({})",
                 sorting_key.trim_matches(|c| c == '(' || c == ')'),
@@ -464,18 +466,20 @@ pub struct CleanupOutcome {
 
 /// Removes tombstones and replaced rows of an upsert table physically:
 /// `OPTIMIZE TABLE .. FINAL CLEANUP`, after setting the table setting it
-/// requires. Reads under `FINAL` are the same before and after.
+/// requires; and the duplicates of an append-idempotent table (rows sharing
+/// a coordinate): `OPTIMIZE TABLE .. FINAL`. Reads under `FINAL` are the
+/// same before and after.
 pub async fn cleanup(spec: &SinkSpec, target: &TargetTable) -> Result<CleanupOutcome, SinkError> {
     let sink = ClickHouseSink::new(spec);
     let (database, table) = sink.names(target)?;
     let name = format!("{database}.{table}");
     let full = format!("{}.{}", ident(&database), ident(&table));
-    if target.mode != WriteMode::Upsert {
+    if target.mode == WriteMode::Append {
         return Ok(CleanupOutcome {
             table: name,
             hidden_before: 0,
             hidden_after: 0,
-            skipped: Some("an append table has no tombstones".into()),
+            skipped: Some("an append table has no tombstones and nothing to merge".into()),
         });
     }
     let exists = query_rows(
@@ -509,18 +513,23 @@ pub async fn cleanup(spec: &SinkSpec, target: &TargetTable) -> Result<CleanupOut
         }
     };
     let hidden_before = hidden(full.clone()).await?;
-    execute(
-        &sink.client,
-        &format!(
-            "ALTER TABLE {full} MODIFY SETTING allow_experimental_replacing_merge_with_cleanup = 1"
-        ),
-    )
-    .await?;
-    execute(
-        &sink.client,
-        &format!("OPTIMIZE TABLE {full} FINAL CLEANUP"),
-    )
-    .await?;
+    if target.mode == WriteMode::Upsert {
+        execute(
+            &sink.client,
+            &format!(
+                "ALTER TABLE {full} MODIFY SETTING allow_experimental_replacing_merge_with_cleanup = 1"
+            ),
+        )
+        .await?;
+        execute(
+            &sink.client,
+            &format!("OPTIMIZE TABLE {full} FINAL CLEANUP"),
+        )
+        .await?;
+    } else {
+        // Append-idempotent: the copies of a change merge into one.
+        execute(&sink.client, &format!("OPTIMIZE TABLE {full} FINAL")).await?;
+    }
     let hidden_after = hidden(full).await?;
     Ok(CleanupOutcome {
         table: name,

@@ -7,7 +7,10 @@
 //! replays from there. Upsert collapses the replay onto the same rows
 //! (`ReplacingMergeTree(seq)`); append has no key to collapse on, so the
 //! rows of that window land twice — at-least-once, exactly as the spec's
-//! delivery guarantees say; a table that must not duplicate uses upsert.
+//! delivery guarantees say; a table that must not duplicate uses upsert,
+//! or append-idempotent, whose copies of a change share its transport
+//! coordinate, the table's `ReplacingMergeTree` key: `FINAL` reads them
+//! once, and merges (or `urutau clickhouse cleanup`) remove them.
 //!
 //! Resume is the minimum safe position over the owners: every owner must
 //! have a coordinate (an incomplete owner set is an error, not a guess), and

@@ -16,7 +16,6 @@ use iceberg::spec::{
     SortDirection, SortField, SortOrder, StructType, Transform, Type, UnboundPartitionSpec,
 };
 use urutau_planner::partition::{PartitionField, Transform as RouteTransform};
-use urutau_planner::spec::WriteMode;
 use urutau_planner::target::TargetTable;
 use urutau_planner::types::CanonicalType;
 
@@ -140,11 +139,7 @@ pub fn partition_spec(
 /// its rows arrive in, so duplicates (rows sharing one) would sit side by
 /// side.
 pub fn sort_order(target: &TargetTable, schema: &Schema) -> iceberg::Result<SortOrder> {
-    let columns: Vec<&str> = if target.mode == WriteMode::AppendIdempotent {
-        target.coordinate_columns()
-    } else {
-        target.key.iter().map(String::as_str).collect()
-    };
+    let columns = target.order_columns();
     if columns.is_empty() {
         return Ok(SortOrder::unsorted_order());
     }
