@@ -259,6 +259,82 @@ async fn compaction_of_a_partitioned_table_keeps_its_rows() {
     );
 }
 
+/// Compaction by partition group: once only one partition keeps changing,
+/// its files are rewritten on their own (the others' files are carried as
+/// they are, with their sequence numbers, and the global deletes that still
+/// apply to them stay), and the read is unchanged throughout.
+#[tokio::test]
+async fn compaction_rewrites_only_the_partition_groups_that_need_it() {
+    use common::workload::{event, random_row};
+    use rand::SeedableRng;
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("changes.jsonl");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    let mut state = BTreeMap::new();
+    let mut lines = Vec::new();
+    // Both partitions (ids below 1000, and from 1000), then only the first.
+    for id in (1..=20).chain(1001..=1020) {
+        let r = random_row(&mut rng, id);
+        lines.push(event("c", None, Some(&r), None, 1_700_000_000_000));
+        state.insert(id, r);
+    }
+    for n in 0..40 {
+        let id = 1 + n % 20;
+        let r = random_row(&mut rng, id);
+        lines.push(event(
+            "u",
+            state.get(&id),
+            Some(&r),
+            None,
+            1_700_000_000_000,
+        ));
+        state.insert(id, r);
+    }
+    write_lines(&data, &lines);
+    let catalog = Catalog::Sql(dir.path());
+    let p = pipeline(dir.path(), &data, "upsert", 2, &catalog);
+    let text = edit(
+        &edit(
+            &std::fs::read_to_string(&p).unwrap(),
+            "namespace = 'bronze'",
+            "namespace = 'bronze', maintenance_enabled = true,
+  maintenance_compaction_interval = '0s', maintenance_compaction_min_input_files = 6",
+        ),
+        "WITH (write_mode = 'upsert')",
+        "WITH (write_mode = 'upsert', partition_by = 'truncate(1000, id)')",
+    );
+    std::fs::write(&p, text).unwrap();
+    run_to_end(&p);
+
+    let md = catalog.metadata("bronze.items").await;
+    let replaces: Vec<&Value> = md["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["summary"]["operation"] == "replace")
+        .collect();
+    let count = |s: &Value, k: &str| -> u64 { s["summary"][k].as_str().unwrap().parse().unwrap() };
+    let partial = replaces
+        .iter()
+        .filter(|s| count(s, "total-data-files") > count(s, "added-data-files"))
+        .count();
+    assert!(
+        partial > 0,
+        "a compaction kept another partition's files ({} compactions)",
+        replaces.len()
+    );
+    let read = catalog.rows(&python, "bronze.items", "id").await;
+    let problems = differences(&read, &expected_rows(&state));
+    assert!(problems.is_empty(), "{problems:#?}");
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "bronze", "items")
+        .await
+        .unwrap();
+    iceberg_read(&python, &["--check-sequence-numbers", &loc]);
+}
+
 async fn journal_mode(db: &Path) -> String {
     use sqlx::Row;
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
@@ -420,7 +496,7 @@ fn iceberg_read(python: &Path, args: &[&str]) -> String {
 }
 
 /// The acceptance suite with maintenance after every commit: compaction of
-/// the whole table once 8 files are candidates, expiry keeping the newest
+/// a partition group (here the whole table) once 8 files are candidates, expiry keeping the newest
 /// 25 snapshots, and (`orphans`, local warehouses) orphan cleanup of any
 /// unreferenced file (`older_than = 0s` is safe only because this pipeline
 /// is the table's one writer). Still equal to the oracle; the table keeps

@@ -395,14 +395,17 @@ fn compaction_error(e: iceberg::Error) -> SinkError {
 }
 
 /// New metadata for `table` with a `replace` snapshot on the main branch:
-/// `added` data files in, every file of `removed` (the current snapshot's
-/// live data and delete files) marked deleted with its sequence numbers
-/// kept, and the table's current commit mark in the summary. Compaction's
-/// commit (see [`super::compaction`]).
+/// `added` data files in, every file of `removed` marked deleted with its
+/// sequence numbers kept, every file of `kept` carried as an existing entry
+/// (its snapshot id and sequence numbers kept), and the table's current
+/// commit mark in the summary. `removed` and `kept` are together the
+/// current snapshot's live files. Compaction's commit (see
+/// [`super::compaction`]).
 pub async fn build_replace(
     table: &Table,
     added: &[DataFile],
-    removed: &[LiveFile],
+    removed: &[&LiveFile],
+    kept: &[&LiveFile],
 ) -> Result<TableMetadataBuildResult, SinkError> {
     let md = table.metadata();
     let schema = md.current_schema().clone();
@@ -446,6 +449,23 @@ pub async fn build_replace(
     for (n, ((deletes, spec_id), entries)) in groups.iter().enumerate() {
         let files = ManifestFiles::Removed(entries);
         let name = format!("-d{n}.avro");
+        manifests.push(
+            snap.manifest(&name, &spec_of(*spec_id)?, *deletes, files)
+                .await?,
+        );
+    }
+    // The files that stay, one manifest per content type and spec.
+    let mut carried: Vec<((bool, i32), Vec<ManifestEntryRef>)> = Vec::new();
+    for f in kept {
+        let key = (f.entry.content_type() != DataContentType::Data, f.spec_id);
+        match carried.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(f.entry.clone()),
+            None => carried.push((key, vec![f.entry.clone()])),
+        }
+    }
+    for (n, ((deletes, spec_id), entries)) in carried.iter().enumerate() {
+        let files = ManifestFiles::Existing(entries);
+        let name = format!("-k{n}.avro");
         manifests.push(
             snap.manifest(&name, &spec_of(*spec_id)?, *deletes, files)
                 .await?,

@@ -1,29 +1,34 @@
-//! Compaction: the table's live rows rewritten into few large data files,
-//! every delete file dropped, in one `replace` snapshot.
+//! Compaction: small data files of a partition group rewritten into few
+//! large ones, with the table's equality deletes applied, in one `replace`
+//! snapshot; delete files that no longer apply to anything dropped.
 //!
 //! Upsert by equality delete adds a delete file per batch, and every reader
 //! applies every delete file to every older data file: left alone, a table
-//! gets slower to read with each commit. A compaction pass reads the
-//! current snapshot's data files with its equality deletes applied (a
-//! delete applies only to data files of a lower sequence number, as the
-//! spec says), writes the rows as data files of about
-//! `target_file_size`, and commits ONE snapshot that adds them and marks
-//! every live data and delete file deleted. The rewritten files get the new
-//! snapshot's sequence number, so no delete they already reflect applies
-//! to them again, and every later batch's deletes do.
+//! gets slower to read with each commit. Once a partition group (one
+//! partition of one spec) has `min_input_files` candidates — data files
+//! below `target_file_size`, and delete files applying to its files — a
+//! pass reads that group's small files and those a delete applies to, with
+//! the deletes applied (a delete applies only to data files of a lower
+//! sequence number, as the spec says), writes the rows as data files of
+//! about `target_file_size`, and commits ONE snapshot that adds them, marks
+//! the files read deleted, and carries every other live file as it is (with
+//! its own sequence numbers). The rewritten files get the new snapshot's
+//! sequence number, so no delete they already reflect applies to them
+//! again, and every later batch's deletes do. A delete file is dropped in
+//! the same snapshot once no remaining data file is older than it (then it
+//! applies to nothing); the deletes are global (unpartitioned), so they go
+//! when every group they touch has been rewritten.
 //!
-//! In this build a pass rewrites the whole table (every partition) once it
-//! holds at least `min_input_files` candidates (data files below the target
-//! size, and delete files): the deletes of a table can only be dropped
-//! when every data file older than them has been rewritten. It runs in the
-//! sink's maintenance turn, under the table's lock, so none of this
-//! pipeline's commits interleave; another writer's commit makes the swap
-//! fail and the pass is abandoned until its next turn (its files become
-//! orphans). The snapshot carries the table's current `cdc.position` mark,
-//! so every snapshot keeps one.
+//! A pass runs in the sink's maintenance turn, under the table's lock, so
+//! none of this pipeline's commits interleave; another writer's commit
+//! makes the swap fail and the pass is abandoned until its next turn (its
+//! files become orphans). The snapshot carries the table's current
+//! `cdc.position` mark, so every snapshot keeps one.
 
 use futures::TryStreamExt;
-use iceberg::spec::{DataContentType, DataFile, ManifestEntryRef, TableMetadataBuildResult};
+use iceberg::spec::{
+    DataContentType, DataFile, ManifestEntryRef, Struct, TableMetadataBuildResult,
+};
 use iceberg::table::Table;
 use urutau_planner::sink::SinkError;
 
@@ -91,19 +96,136 @@ pub fn may_compact(table: &Table, min_files: usize) -> bool {
     }
 }
 
-/// How many of `live` a compaction would merge away: data files smaller
-/// than `target_size`, and every delete file.
-pub fn candidates(live: &[LiveFile], target_size: u64) -> usize {
-    live.iter()
-        .filter(|f| {
-            f.entry.content_type() != DataContentType::Data
-                || f.entry.file_size_in_bytes() < target_size
-        })
-        .count()
+/// What a compaction pass does with each live file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A data file read (deletes applied) and written anew.
+    Rewrite,
+    /// A delete file that no longer applies to any remaining data file:
+    /// removed.
+    Drop,
+    /// Carried as it is.
+    Keep,
 }
 
-/// Rewrites the table's current snapshot (`live` are its files) and builds
-/// the `replace` snapshot; also returns the data files written.
+/// One pass over the current snapshot's files: each live file's role.
+pub struct CompactionPlan<'a> {
+    pub files: Vec<(&'a LiveFile, Role)>,
+    /// Partition groups rewritten.
+    pub groups: usize,
+}
+
+impl CompactionPlan<'_> {
+    /// The files of `role`.
+    pub fn with(&self, role: Role) -> impl Iterator<Item = &LiveFile> {
+        self.files
+            .iter()
+            .filter(move |(_, r)| *r == role)
+            .map(|(f, _)| *f)
+    }
+}
+
+/// What choosing roles needs to know of a live file.
+#[derive(Debug, Clone, Copy)]
+struct Facts {
+    data: bool,
+    size: u64,
+    /// Data sequence number (`None`: unknown, treated as older than every
+    /// delete).
+    seq: Option<i64>,
+    /// The partition group (data files; deletes are global).
+    group: usize,
+}
+
+/// The pass over `live`, or `None` when no partition group has
+/// `min_files` candidates.
+///
+/// The candidates of a partition group (one partition of one spec) are its
+/// data files below `target_size` and the delete files that apply to any of
+/// its data files (a delete of a higher sequence number than the file). In a
+/// group that has `min_files` of them, every data file that is small or has
+/// a delete applying to it is rewritten; the rewritten files take the new
+/// snapshot's sequence number, so no old delete applies to them. A delete
+/// file is dropped once no remaining data file is older than it, so it can
+/// apply to nothing; until then it stays.
+pub fn plan(live: &[LiveFile], target_size: u64, min_files: usize) -> Option<CompactionPlan<'_>> {
+    let mut groups: HashMap<(i32, &Struct), usize> = HashMap::new();
+    let facts: Vec<Facts> = live
+        .iter()
+        .map(|f| {
+            let e = &f.entry;
+            let data = e.content_type() == DataContentType::Data;
+            let next = groups.len();
+            let group = if data {
+                *groups
+                    .entry((f.spec_id, e.data_file().partition()))
+                    .or_insert(next)
+            } else {
+                usize::MAX
+            };
+            Facts {
+                data,
+                size: e.file_size_in_bytes(),
+                seq: e.sequence_number(),
+                group,
+            }
+        })
+        .collect();
+    let (roles, rewritten) = choose(&facts, target_size, min_files)?;
+    Some(CompactionPlan {
+        files: live.iter().zip(roles).collect(),
+        groups: rewritten,
+    })
+}
+
+/// The roles of `files` (see [`plan`]) and how many groups are rewritten.
+fn choose(files: &[Facts], target_size: u64, min_files: usize) -> Option<(Vec<Role>, usize)> {
+    let delete_seqs: Vec<Option<i64>> = files.iter().filter(|f| !f.data).map(|f| f.seq).collect();
+    // A delete applies to a data file of a lower sequence number.
+    let applies = |delete: Option<i64>, data: Option<i64>| match (delete, data) {
+        (Some(d), Some(f)) => d > f,
+        _ => true,
+    };
+    let groups = files.iter().filter(|f| f.data).map(|f| f.group + 1).max()?;
+    let mut chosen = vec![false; groups];
+    for (g, chosen) in chosen.iter_mut().enumerate() {
+        let members: Vec<&Facts> = files.iter().filter(|f| f.data && f.group == g).collect();
+        let small = members.iter().filter(|f| f.size < target_size).count();
+        let deletes = delete_seqs
+            .iter()
+            .filter(|d| members.iter().any(|f| applies(**d, f.seq)))
+            .count();
+        *chosen = small + deletes >= min_files;
+    }
+    let mut roles: Vec<Role> = files
+        .iter()
+        .map(|f| {
+            let rewrite = f.data
+                && chosen[f.group]
+                && (f.size < target_size || delete_seqs.iter().any(|d| applies(*d, f.seq)));
+            if rewrite { Role::Rewrite } else { Role::Keep }
+        })
+        .collect();
+    if !roles.contains(&Role::Rewrite) {
+        return None;
+    }
+    // The data files that stay: a delete that applies to none goes.
+    let kept: Vec<Option<i64>> = files
+        .iter()
+        .zip(&roles)
+        .filter(|(f, r)| f.data && **r == Role::Keep)
+        .map(|(f, _)| f.seq)
+        .collect();
+    for (f, role) in files.iter().zip(roles.iter_mut()) {
+        if !f.data && !kept.iter().any(|k| applies(f.seq, *k)) {
+            *role = Role::Drop;
+        }
+    }
+    Some((roles, chosen.iter().filter(|c| **c).count()))
+}
+
+/// Carries out `plan` on the table's current snapshot and builds the
+/// `replace` snapshot; also returns the data files written.
 ///
 /// The deletes are applied here, not by iceberg-rust's scan: its delete
 /// loader can wait forever on a notifier it replaced (apache/iceberg-rust
@@ -112,7 +234,7 @@ pub fn candidates(live: &[LiveFile], target_size: u64) -> usize {
 /// equality delete of its key has a higher sequence number than the file.
 pub async fn build_compaction(
     table: &Table,
-    live: &[LiveFile],
+    plan: &CompactionPlan<'_>,
     target_size: u64,
 ) -> Result<(TableMetadataBuildResult, Vec<DataFile>), SinkError> {
     let err = io_error("compacting");
@@ -121,7 +243,9 @@ pub async fn build_compaction(
     // The rows are rewritten in the table's current schema (the one the
     // data writer writes), whatever schema this sink loaded at start.
     let arrow: ArrowSchemaRef = Arc::new(schema_to_arrow_schema(&schema).map_err(&err)?);
-    let deletes = DeletedKeys::load(table, &arrow, live).await?;
+    // Every live delete applies to the rewritten rows, dropped or not.
+    let live: Vec<&LiveFile> = plan.files.iter().map(|(f, _)| *f).collect();
+    let deletes = DeletedKeys::load(table, &arrow, &live).await?;
     let field_ids: Vec<i32> = schema.as_struct().fields().iter().map(|f| f.id).collect();
     let reader = ArrowReaderBuilder::new(
         table.file_io().clone(),
@@ -135,11 +259,8 @@ pub async fn build_compaction(
         usize::try_from(target_size).unwrap_or(usize::MAX),
         false,
     );
-    for f in live {
+    for f in plan.with(Role::Rewrite) {
         let e = &f.entry;
-        if e.content_type() != DataContentType::Data {
-            continue;
-        }
         let data_seq = e.sequence_number().ok_or_else(|| {
             SinkError::Io(format!(
                 "compacting: {} has no sequence number",
@@ -167,7 +288,12 @@ pub async fn build_compaction(
         }
     }
     let added = writer.close().await?;
-    let result = commit::build_replace(table, &added, live).await?;
+    let removed: Vec<&LiveFile> = plan
+        .with(Role::Rewrite)
+        .chain(plan.with(Role::Drop))
+        .collect();
+    let kept: Vec<&LiveFile> = plan.with(Role::Keep).collect();
+    let result = commit::build_replace(table, &added, &removed, &kept).await?;
     Ok((result, added))
 }
 
@@ -184,7 +310,7 @@ impl DeletedKeys {
     async fn load(
         table: &Table,
         arrow: &ArrowSchemaRef,
-        live: &[LiveFile],
+        live: &[&LiveFile],
     ) -> Result<DeletedKeys, SinkError> {
         let err = io_error("compacting: reading the delete files");
         let schema = table.metadata().current_schema();
@@ -284,5 +410,106 @@ impl DeletedKeys {
             .map(|r| Some(self.seq.get(r.as_ref()).is_none_or(|s| *s <= data_seq)))
             .collect();
         filter_record_batch(&batch, &keep).map_err(|e| SinkError::Io(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1 << 20;
+
+    fn data(group: usize, size: u64, seq: i64) -> Facts {
+        Facts {
+            data: true,
+            size,
+            seq: Some(seq),
+            group,
+        }
+    }
+
+    fn delete(seq: i64) -> Facts {
+        Facts {
+            data: false,
+            size: MB,
+            seq: Some(seq),
+            group: usize::MAX,
+        }
+    }
+
+    #[test]
+    fn a_group_with_enough_candidates_is_rewritten_and_spent_deletes_go() {
+        let files = [
+            data(0, MB, 1),
+            data(0, MB, 2),
+            data(0, MB, 3),
+            delete(4),
+            delete(5),
+        ];
+        let (roles, groups) = choose(&files, 512 * MB, 5).unwrap();
+        use Role::*;
+        assert_eq!(roles, [Rewrite, Rewrite, Rewrite, Drop, Drop]);
+        assert_eq!(groups, 1);
+        assert!(choose(&files, 512 * MB, 6).is_none(), "5 candidates < 6");
+    }
+
+    #[test]
+    fn only_groups_with_enough_candidates_are_rewritten() {
+        // Group 0: four small files; group 1: one. The delete (seq 10)
+        // applies to both, so it stays while group 1's file does.
+        let files = [
+            data(0, MB, 1),
+            data(0, MB, 2),
+            data(0, MB, 3),
+            data(0, MB, 4),
+            data(1, MB, 5),
+            delete(10),
+        ];
+        let (roles, groups) = choose(&files, 512 * MB, 5).unwrap();
+        use Role::*;
+        assert_eq!(roles, [Rewrite, Rewrite, Rewrite, Rewrite, Keep, Keep]);
+        assert_eq!(groups, 1);
+    }
+
+    #[test]
+    fn a_large_file_no_delete_applies_to_stays_and_older_deletes_go() {
+        // The large file (seq 7) is newer than every delete: nothing
+        // applies to it, so it is not read, and the deletes apply to
+        // nothing that remains.
+        let files = [
+            data(0, MB, 1),
+            data(0, MB, 2),
+            data(0, 600 * MB, 7),
+            delete(3),
+            delete(6),
+        ];
+        let (roles, _) = choose(&files, 512 * MB, 4).unwrap();
+        use Role::*;
+        assert_eq!(roles, [Rewrite, Rewrite, Keep, Drop, Drop]);
+    }
+
+    #[test]
+    fn a_large_file_a_delete_applies_to_is_rewritten() {
+        let files = [data(0, MB, 1), data(0, 600 * MB, 2), delete(3)];
+        let (roles, _) = choose(&files, 512 * MB, 2).unwrap();
+        use Role::*;
+        assert_eq!(roles, [Rewrite, Rewrite, Drop]);
+    }
+
+    #[test]
+    fn a_delete_newer_than_a_kept_file_stays() {
+        // Group 1's file (seq 2) stays and the delete of seq 9 applies to
+        // it; the delete of seq 1 applies to nothing that remains.
+        let files = [
+            data(0, MB, 3),
+            data(0, MB, 4),
+            data(0, MB, 5),
+            data(1, 600 * MB, 2),
+            delete(1),
+            delete(9),
+        ];
+        let (roles, _) = choose(&files, 512 * MB, 3).unwrap();
+        use Role::*;
+        assert_eq!(roles, [Rewrite, Rewrite, Rewrite, Keep, Drop, Keep]);
     }
 }

@@ -84,7 +84,7 @@ pub async fn write_data(
 /// bounded however many partitions a rewrite meets.
 const MAX_OPEN_WRITERS: usize = 16;
 
-/// Data files written batch by batch (compaction rewrites a whole table
+/// Data files written batch by batch (compaction rewrites partition groups
 /// through it): one rolling writer per partition, each rolling over at
 /// `target_size` bytes, at most [`MAX_OPEN_WRITERS`] open, so memory holds
 /// one batch and the open files' buffers, not the table.

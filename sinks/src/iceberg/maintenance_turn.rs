@@ -85,11 +85,12 @@ impl IcebergSink {
                 return;
             }
         };
-        if compaction::candidates(&live, policy.target_file_size) < policy.min_input_files {
+        let Some(plan) = compaction::plan(&live, policy.target_file_size, policy.min_input_files)
+        else {
             return;
-        }
+        };
         let built =
-            compaction::build_compaction(&state.table, &live, policy.target_file_size).await;
+            compaction::build_compaction(&state.table, &plan, policy.target_file_size).await;
         let (built, added) = match built {
             Ok((result, files)) => (
                 Ok(result),
@@ -98,7 +99,14 @@ impl IcebergSink {
             Err(e) => (Err(e), vec![]),
         };
         if self.commit_pass(state, "compaction", built, &added).await {
-            tracing::info!(table = %state.ident, rewritten = live.len(), written = added.len(), "compaction: rewrote the table");
+            tracing::info!(
+                table = %state.ident,
+                groups = plan.groups,
+                rewritten = plan.with(compaction::Role::Rewrite).count(),
+                deletes_dropped = plan.with(compaction::Role::Drop).count(),
+                written = added.len(),
+                "compaction: rewrote small files"
+            );
         }
     }
 
