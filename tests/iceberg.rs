@@ -763,6 +763,20 @@ async fn append_once(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
     run_to_end(&p);
     let read = catalog.rows(python, "bronze.items", "id").await;
     assert_eq!(read.len(), lines.len(), "one row per change");
+    // Many rows per key: the key identifies no row.
+    let md = catalog.metadata("bronze.items").await;
+    let schema = md["schemas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["schema-id"] == md["current-schema-id"])
+        .unwrap();
+    assert!(
+        schema["identifier-field-ids"]
+            .as_array()
+            .is_none_or(|ids| ids.is_empty()),
+        "{schema}"
+    );
     run_to_end(&p);
     assert_eq!(
         catalog.rows(python, "bronze.items", "id").await.len(),
@@ -829,6 +843,12 @@ CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
     );
     let p = dir.path().join("p.sql");
     std::fs::write(&p, text).unwrap();
+    let plan = common::urutau(&["plan", "--explain", p.to_str().unwrap()]);
+    let plan = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        plan.contains("IcebergSinkExec: table=bronze.log, mode=append-idempotent, key=[id], coordinate=[stream, shard, seq]"),
+        "{plan}"
+    );
     common::kill_9_runs(&p, 23, 5, 100..600);
     run_to_end(&p);
 

@@ -71,12 +71,18 @@ impl SinkExec {
 impl DisplayAs for SinkExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let key = self.target.key.join(", ");
+        // What an append-idempotent table is unique by.
+        let coordinate = (self.target.mode == WriteMode::AppendIdempotent)
+            .then(|| self.target.coordinate_columns().join(", "));
         match t {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "table={}", self.target.display_name())?;
                 write!(f, "mode={}", self.target.mode)?;
                 if !key.is_empty() {
                     write!(f, "\nkey=[{key}]")?;
+                }
+                if let Some(c) = &coordinate {
+                    write!(f, "\ncoordinate=[{c}]")?;
                 }
                 Ok(())
             }
@@ -90,6 +96,9 @@ impl DisplayAs for SinkExec {
                 )?;
                 if !key.is_empty() {
                     write!(f, ", key=[{key}]")?;
+                }
+                if let Some(c) = &coordinate {
+                    write!(f, ", coordinate=[{c}]")?;
                 }
                 if self.skip_deletes {
                     write!(f, ", on_delete=skip")?;

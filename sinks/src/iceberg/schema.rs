@@ -16,6 +16,7 @@ use iceberg::spec::{
     SortDirection, SortField, SortOrder, StructType, Transform, Type, UnboundPartitionSpec,
 };
 use urutau_planner::partition::{PartitionField, Transform as RouteTransform};
+use urutau_planner::spec::WriteMode;
 use urutau_planner::target::TargetTable;
 use urutau_planner::types::CanonicalType;
 
@@ -85,8 +86,10 @@ fn iceberg_type(ty: &CanonicalType, ids: &mut Ids) -> Type {
     }
 }
 
-/// The Iceberg schema of a target table: its columns in order, key columns
-/// required and marked as identifier fields.
+/// The Iceberg schema of a target table: its columns in order; an upsert
+/// table's key columns marked as identifier fields (the values that
+/// identify a row; an append table holds many rows per key, so it has
+/// none).
 pub fn table_schema(target: &TargetTable) -> iceberg::Result<Schema> {
     let mut ids = Ids(target.columns.len() as i32);
     let mut fields: Vec<NestedFieldRef> = Vec::new();
@@ -94,7 +97,7 @@ pub fn table_schema(target: &TargetTable) -> iceberg::Result<Schema> {
     for (i, c) in target.columns.iter().enumerate() {
         let id = i as i32 + 1;
         let ty = iceberg_type(&c.ty, &mut ids);
-        let is_key = target.key.contains(&c.name);
+        let is_key = target.mode == WriteMode::Upsert && target.key.contains(&c.name);
         if is_key {
             identifier.push(id);
         }
@@ -324,7 +327,6 @@ pub fn key_schema(table_arrow: &ArrowSchemaRef, key_indices: &[usize]) -> ArrowS
 #[cfg(test)]
 mod tests {
     use super::*;
-    use urutau_planner::spec::WriteMode;
     use urutau_planner::target::{ColumnOrigin, TargetColumn};
 
     fn target(cols: &[(&str, &str, bool)], key: &[&str]) -> TargetTable {
@@ -343,6 +345,24 @@ mod tests {
             mode: WriteMode::Upsert,
             partition_by: vec![],
             workers: 1,
+        }
+    }
+
+    #[test]
+    fn only_an_upsert_table_has_identifier_fields() {
+        let mut t = target(&[("id", "BIGINT", false), ("v", "VARCHAR", true)], &["id"]);
+        for mode in [WriteMode::Append, WriteMode::AppendIdempotent] {
+            t.mode = mode;
+            let s = table_schema(&t).unwrap();
+            assert_eq!(
+                s.identifier_field_ids().count(),
+                0,
+                "{mode}: many rows per key"
+            );
+            assert!(
+                s.as_struct().fields()[0].required,
+                "NOT NULL stays required"
+            );
         }
     }
 
