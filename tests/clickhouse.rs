@@ -229,6 +229,32 @@ async fn append_records_every_change_exactly_once_across_kill_9() {
     assert_eq!(engine[0]["engine"], "MergeTree");
 }
 
+/// The coordinate (position, seq) owner `owner` of `db.items` recorded last.
+async fn owner_coordinate(ch: &ClickHouse, db: &str, owner: u32) -> (String, u64) {
+    let r = ch
+        .rows(&format!(
+            "SELECT argMax(position, seq) AS p, max(seq) AS s FROM {db}.items_urutau_position WHERE owner = {owner}"
+        ))
+        .await;
+    (
+        r[0]["p"].as_str().unwrap().to_string(),
+        r[0]["s"].as_u64().unwrap(),
+    )
+}
+
+/// Sets owner `owner`'s coordinate back to `(position, seq)`, as if it had
+/// died after writing its rows and before recording where it was.
+async fn set_owner_coordinate(ch: &ClickHouse, db: &str, owner: u32, (position, seq): (&str, u64)) {
+    ch.query(&format!(
+        "ALTER TABLE {db}.items_urutau_position DELETE WHERE owner = {owner} SETTINGS mutations_sync = 2"
+    ))
+    .await;
+    ch.query(&format!(
+        "INSERT INTO {db}.items_urutau_position (owner, position, seq) VALUES ({owner}, '{position}', {seq})"
+    ))
+    .await;
+}
+
 /// workers = 4: each owner records its coordinate; a lagging owner (a crash
 /// between owners) is where the table resumes from, not the newest; an
 /// incomplete owner set is an error.
@@ -254,13 +280,7 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
         100,
     );
     run_to_end(&p);
-    let half = ch
-        .rows("SELECT argMax(position, seq) AS p, max(seq) AS s FROM urutau_t_pt.items_urutau_position WHERE owner = 2")
-        .await;
-    let (lag_position, lag_seq) = (
-        half[0]["p"].as_str().unwrap().to_string(),
-        half[0]["s"].as_u64().unwrap(),
-    );
+    let (lag_position, lag_seq) = owner_coordinate(&ch, "urutau_t_pt", 2).await;
     write_lines(&data, &lines);
     run_to_end(&p);
     let file_len = std::fs::metadata(&data).unwrap().len().to_string();
@@ -275,14 +295,7 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
 
     // Owner 2 falls behind: its newer coordinates are gone, as if it had
     // written its rows and died before recording where it was.
-    ch.query(
-        "ALTER TABLE urutau_t_pt.items_urutau_position DELETE WHERE owner = 2 SETTINGS mutations_sync = 2",
-    )
-    .await;
-    ch.query(&format!(
-        "INSERT INTO urutau_t_pt.items_urutau_position (owner, position, seq) VALUES (2, '{lag_position}', {lag_seq})"
-    ))
-    .await;
+    set_owner_coordinate(&ch, "urutau_t_pt", 2, (&lag_position, lag_seq)).await;
     let from = resumed_from(&p);
     assert_eq!(
         from.as_deref(),
@@ -340,27 +353,14 @@ CREATE TABLE ch.items WITH (write_mode = 'append-idempotent', workers = 4) AS
     let p = dir.path().join("p.sql");
     std::fs::write(&p, text).unwrap();
     run_to_end(&p);
-    let lag = ch
-        .rows("SELECT argMax(position, seq) AS p, max(seq) AS s FROM urutau_t_ai.items_urutau_position WHERE owner = 2")
-        .await;
-    let (lag_position, lag_seq) = (
-        lag[0]["p"].as_str().unwrap().to_string(),
-        lag[0]["s"].as_u64().unwrap(),
-    );
+    let (lag_position, lag_seq) = owner_coordinate(&ch, "urutau_t_ai", 2).await;
     write_lines(&data, &lines);
     run_to_end(&p);
     // Owner 2 falls behind, as if it had died after writing its rows and
     // before recording where it was: the next run replays its share. (No
     // background merge may remove the copies before they are counted.)
     ch.query("SYSTEM STOP MERGES urutau_t_ai.items").await;
-    ch.query(
-        "ALTER TABLE urutau_t_ai.items_urutau_position DELETE WHERE owner = 2 SETTINGS mutations_sync = 2",
-    )
-    .await;
-    ch.query(&format!(
-        "INSERT INTO urutau_t_ai.items_urutau_position (owner, position, seq) VALUES (2, '{lag_position}', {lag_seq})"
-    ))
-    .await;
+    set_owner_coordinate(&ch, "urutau_t_ai", 2, (&lag_position, lag_seq)).await;
     assert_eq!(resumed_from(&p).as_deref(), Some(lag_position.as_str()));
 
     let n = lines.len() as u64;

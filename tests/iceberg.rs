@@ -129,6 +129,16 @@ CREATE TABLE lake.items WITH (write_mode = '{mode}') AS SELECT * FROM src.items;
     p
 }
 
+/// The current schema in a table's metadata JSON.
+fn current_schema(md: &Value) -> &Value {
+    md["schemas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["schema-id"] == md["current-schema-id"])
+        .unwrap()
+}
+
 fn expected_rows(state: &BTreeMap<i64, Row>) -> Vec<Value> {
     state.values().map(|r| r.read.clone()).collect()
 }
@@ -765,12 +775,7 @@ async fn append_once(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
     assert_eq!(read.len(), lines.len(), "one row per change");
     // Many rows per key: the key identifies no row.
     let md = catalog.metadata("bronze.items").await;
-    let schema = md["schemas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["schema-id"] == md["current-schema-id"])
-        .unwrap();
+    let schema = current_schema(&md);
     assert!(
         schema["identifier-field-ids"]
             .as_array()
@@ -886,12 +891,7 @@ CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
     assert!(read == expected, "every change, by its coordinate");
     // The table is sorted by the coordinate (the order rows arrive in).
     let log_md = metadata_json(&log_loc);
-    let schema = log_md["schemas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["schema-id"] == log_md["current-schema-id"])
-        .unwrap();
+    let schema = current_schema(&log_md);
     let order = log_md["sort-orders"]
         .as_array()
         .unwrap()

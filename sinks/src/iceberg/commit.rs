@@ -285,7 +285,7 @@ pub(super) enum ManifestFiles<'a> {
     /// Files this snapshot adds.
     Added(&'a [DataFile]),
     /// Files this snapshot removes (their sequence numbers are kept).
-    Removed(&'a [&'a ManifestEntryRef]),
+    Removed(&'a [ManifestEntryRef]),
     /// Live files of earlier snapshots, rewritten into a merged manifest
     /// (their snapshot ids and sequence numbers are kept).
     Existing(&'a [ManifestEntryRef]),
@@ -437,45 +437,41 @@ pub async fn build_replace(
         let files = ManifestFiles::Added(added);
         manifests.push(snap.manifest("-m0.avro", &spec, false, files).await?);
     }
-    // One manifest of deleted entries per content type and spec.
-    let mut groups: Vec<((bool, i32), Vec<&ManifestEntryRef>)> = Vec::new();
-    for f in removed {
-        let key = (f.entry.content_type() != DataContentType::Data, f.spec_id);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(&f.entry),
-            None => groups.push((key, vec![&f.entry])),
+    // One manifest of deleted entries, and one of the files that stay, per
+    // content type and spec.
+    for (prefix, files) in [("-d", removed), ("-k", kept)] {
+        for (n, ((deletes, spec_id), entries)) in by_content_and_spec(files).iter().enumerate() {
+            let listed = if prefix == "-d" {
+                ManifestFiles::Removed(entries)
+            } else {
+                ManifestFiles::Existing(entries)
+            };
+            let name = format!("{prefix}{n}.avro");
+            manifests.push(
+                snap.manifest(&name, &spec_of(*spec_id)?, *deletes, listed)
+                    .await?,
+            );
         }
-    }
-    for (n, ((deletes, spec_id), entries)) in groups.iter().enumerate() {
-        let files = ManifestFiles::Removed(entries);
-        let name = format!("-d{n}.avro");
-        manifests.push(
-            snap.manifest(&name, &spec_of(*spec_id)?, *deletes, files)
-                .await?,
-        );
-    }
-    // The files that stay, one manifest per content type and spec.
-    let mut carried: Vec<((bool, i32), Vec<ManifestEntryRef>)> = Vec::new();
-    for f in kept {
-        let key = (f.entry.content_type() != DataContentType::Data, f.spec_id);
-        match carried.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(f.entry.clone()),
-            None => carried.push((key, vec![f.entry.clone()])),
-        }
-    }
-    for (n, ((deletes, spec_id), entries)) in carried.iter().enumerate() {
-        let files = ManifestFiles::Existing(entries);
-        let name = format!("-k{n}.avro");
-        manifests.push(
-            snap.manifest(&name, &spec_of(*spec_id)?, *deletes, files)
-                .await?,
-        );
     }
     let snapshot = snap.finish(manifests, Operation::Replace, props).await?;
     next_metadata(table)
         .and_then(|b| b.set_branch_snapshot(snapshot, MAIN_BRANCH))
         .and_then(|b| b.build())
         .map_err(compaction_error)
+}
+
+/// `files`' entries grouped by (holds deletes, partition spec id): what one
+/// manifest may list.
+fn by_content_and_spec(files: &[&LiveFile]) -> Vec<((bool, i32), Vec<ManifestEntryRef>)> {
+    let mut groups: Vec<((bool, i32), Vec<ManifestEntryRef>)> = Vec::new();
+    for f in files {
+        let key = (f.entry.content_type() != DataContentType::Data, f.spec_id);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(f.entry.clone()),
+            None => groups.push((key, vec![f.entry.clone()])),
+        }
+    }
+    groups
 }
 
 /// The table's metadata as the builder of its next version (the current
