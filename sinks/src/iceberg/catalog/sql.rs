@@ -1,5 +1,7 @@
 //! The SQL catalog (SQLite — the embedded default — or Postgres):
-//! namespaces and tables are created and loaded with `iceberg-catalog-sql`;
+//! namespaces are created and tables loaded with `iceberg-catalog-sql`;
+//! a table is created by writing and syncing its first metadata file, then
+//! inserting its row;
 //! a commit writes the next metadata file and swaps
 //! `iceberg_tables.metadata_location` with a compare-and-swap
 //! `UPDATE ... WHERE metadata_location = <old>` on the same tables, the
@@ -18,7 +20,9 @@ use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 use sqlx::any::AnyPoolOptions;
 use urutau_planner::sink::SinkError;
 
-use iceberg::spec::TableMetadataBuildResult;
+use iceberg::MetadataLocation;
+use iceberg::io::FileIO;
+use iceberg::spec::{TableMetadataBuildResult, TableMetadataBuilder};
 
 use super::Outcome;
 use crate::iceberg::{commit, durable, io_error};
@@ -178,29 +182,80 @@ impl SqlCatalogConn {
                 .await
                 .map_err(io_error("creating the namespace"))?;
         }
-        let table = self
+        // The table is created here, not by `SqlCatalog::create_table`,
+        // which inserts the catalog row right after writing the first
+        // metadata file whole, unsynced: a power loss could then leave a
+        // row pointing at an empty or missing file. Here the file and the
+        // new directories (the table's and its namespace's, up to the
+        // warehouse) are durable before the row is inserted. The location
+        // is the one the catalog crate would choose: the namespace's
+        // `location` property, or `<warehouse>/<namespace>`, then the name.
+        let namespace_location = self
             .catalog
-            .create_table(ns, creation)
+            .get_namespace(ns)
             .await
-            .map_err(io_error("creating the table"))?;
-        // The first metadata file is written whole (not synced) by the
-        // catalog crate: made durable like every commit's, with the new
-        // directories of the table and its namespace up to the warehouse.
-        // (The catalog row is already in: a crash before this sync can
-        // leave a table whose first metadata file is lost; loading it then
-        // fails loudly, and nothing was written to it yet.)
-        let location = table
-            .metadata_location_result()
-            .map_err(io_error("creating the table"))?
-            .to_string();
+            .map_err(io_error("looking the namespace up"))?
+            .properties()
+            .get("location")
+            .cloned()
+            .unwrap_or_else(|| format!("{}/{}", self.warehouse, ns.join("/")));
+        let location = creation
+            .location
+            .clone()
+            .unwrap_or_else(|| format!("{namespace_location}/{}", ident.name()));
+        let creation = TableCreation {
+            location: Some(location.clone()),
+            ..creation
+        };
+        let err = io_error("creating the table");
+        let metadata = TableMetadataBuilder::from_table_creation(creation)
+            .and_then(|b| b.build())
+            .map_err(&err)?
+            .metadata;
+        let metadata_location = MetadataLocation::new_with_metadata(location.clone(), &metadata);
+        metadata
+            .write_to(&FileIO::new_with_fs(), &metadata_location)
+            .await
+            .map_err(&err)?;
+        let metadata_location = metadata_location.to_string();
         durable::sync_local(
+            vec![metadata_location.clone()],
             vec![location],
-            vec![table.metadata().location().to_string()],
             &self.warehouse,
             &self.durable_dirs,
         )
         .await?;
-        Ok(table)
+        self.insert(ident, &metadata_location).await?;
+        self.load(ident).await?.ok_or_else(|| {
+            SinkError::Io(format!("{ident} is not in the catalog after its creation"))
+        })
+    }
+
+    /// Adds the catalog row of a new table. Fails when the name is taken
+    /// (another writer created it meanwhile: the next run loads and checks
+    /// that table).
+    async fn insert(&self, ident: &TableIdent, metadata_location: &str) -> Result<(), SinkError> {
+        let sql = match self.dollar {
+            false => {
+                "INSERT INTO iceberg_tables \
+                 (catalog_name, table_namespace, table_name, metadata_location, iceberg_type) \
+                 VALUES (?, ?, ?, ?, 'TABLE')"
+            }
+            true => {
+                "INSERT INTO iceberg_tables \
+                 (catalog_name, table_namespace, table_name, metadata_location, iceberg_type) \
+                 VALUES ($1, $2, $3, $4, 'TABLE')"
+            }
+        };
+        sqlx::query(sql)
+            .bind(self.name.clone())
+            .bind(ident.namespace().join("."))
+            .bind(ident.name().to_string())
+            .bind(metadata_location.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| SinkError::Io(format!("creating {ident} in the SQL catalog: {e}")))?;
+        Ok(())
     }
 
     /// Writes `result`'s metadata as the next version, makes it and the
