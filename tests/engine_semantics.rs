@@ -672,6 +672,58 @@ async fn a_stop_request_finishes_the_commit_in_flight_and_returns() {
     assert_eq!(rows(&store, "t"), s(&[("1", "a"), ("2", "b")]));
 }
 
+/// The threads of this process named `name` (Linux truncates names to 15
+/// bytes).
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// A tailing file source dropped without a stop request (a consumer that
+/// lets go of it; the runner itself always requests a stop first) ends its
+/// reader threads, framing and decoding, without waiting for new input.
+#[tokio::test]
+async fn a_dropped_tailing_source_leaves_no_reader_thread() {
+    use urutau_engine::batching::BatchPolicy;
+    use urutau_engine::sources::{self, OpenArgs};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tail-drop.jsonl");
+    write_lines(&path, &[ins(1, "a")]);
+    // Source `drp`: its threads are `file-source-drp` and
+    // `file-source-drp-decode`, both `file-source-drp` once truncated.
+    let text = format!(
+        "CREATE SOURCE drp FROM file WITH (path = '{}');
+         CREATE SINK m INTO memory WITH (store = '{}');
+         CREATE TABLE drp.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+         CREATE TABLE m.t AS SELECT id, v FROM drp.t;",
+        path.display(),
+        common::unique("tail-drop")
+    );
+    let plan = common::plan_sql(&text).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut source = sources::open(OpenArgs {
+        plan: &plan.sources[0],
+        start: None,
+        snapshots: Default::default(),
+        exit_when_caught_up: false,
+        policy: BatchPolicy {
+            max_rows: 10,
+            max_interval: Duration::from_millis(20),
+        },
+        stop: stop.clone(),
+    })
+    .unwrap();
+    let batch = source.next_batch().await.unwrap().expect("the line");
+    assert_eq!(batch.tables[0].batch.num_rows(), 1);
+    assert_eq!(threads_named("file-source-drp"), 2, "framing and decoding");
+    drop(source);
+    wait_for(|| threads_named("file-source-drp") == 0).await;
+    assert!(!stop.load(std::sync::atomic::Ordering::Relaxed));
+}
+
 async fn wait_for(mut cond: impl FnMut() -> bool) {
     for _ in 0..500 {
         if cond() {

@@ -697,8 +697,11 @@ pub fn run_reader(
         ))));
         return;
     }
-    // Every batch and error now goes through the decoding stage, in order.
-    drop(tx);
+    // Every batch and error now goes through the decoding stage, in order;
+    // the framing stage only watches whether anyone still listens (the
+    // decoding stage learns it only when it sends, and a tailing source
+    // may send nothing for long).
+    let listener_gone = move || tx.is_closed();
     let mut reader = match Reader::new(framing, chunks_tx.clone(), spare_rx) {
         Ok(r) => r,
         Err(e) => {
@@ -714,8 +717,9 @@ pub fn run_reader(
     };
     drop(chunks_tx);
     // A panic here must not look like the end of the input.
-    let framed =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| frame(&mut reader, &stop)));
+    let framed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        frame(&mut reader, &stop, &listener_gone)
+    }));
     if let Err(panic) = framed {
         let message = format!(
             "{}: the file reader failed: {}",
@@ -729,8 +733,9 @@ pub fn run_reader(
 
 /// The framing loop. Returns when the input is caught up (exit mode),
 /// `stop` is set, the input is bad (the error is queued after everything
-/// before it), or the decoding stage has ended.
-fn frame(reader: &mut Reader, stop: &AtomicBool) {
+/// before it), the decoding stage has ended, or (checked while waiting for
+/// input) nobody listens any more.
+fn frame(reader: &mut Reader, stop: &AtomicBool, listener_gone: &dyn Fn() -> bool) {
     let poll = reader
         .cfg
         .policy
@@ -770,7 +775,7 @@ fn frame(reader: &mut Reader, stop: &AtomicBool) {
             }
             LineRead::Wait => {
                 // What was read goes to the decoder before waiting.
-                if !reader.flush() {
+                if !reader.flush() || listener_gone() {
                     return;
                 }
                 if reader.pending()
