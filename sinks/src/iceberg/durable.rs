@@ -9,8 +9,11 @@
 //! a metadata file that is empty or not there at all, or at a snapshot
 //! whose files' directory entries were lost: a broken table. So before
 //! every swap the SQL catalog syncs the new metadata file and the
-//! directories of every file the commit added. Remote storage (S3) needs
-//! none of this: a completed PUT is durable.
+//! directories of every file the commit added; a new table's first
+//! metadata file and directories are durable before its catalog row is
+//! inserted; and a warehouse (or an SQLite catalog's directory) urutau
+//! creates has its entries synced up to the first directory that existed.
+//! Remote storage (S3) needs none of this: a completed PUT is durable.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -37,6 +40,31 @@ pub fn local_path(location: &str) -> Option<PathBuf> {
         }));
     }
     location.starts_with('/').then(|| PathBuf::from(location))
+}
+
+/// Creates `dir` and any missing ancestors, and syncs the parent of every
+/// directory it created, so their entries survive a power loss (a
+/// warehouse or a catalog file's directory urutau makes must not vanish
+/// under data committed into it). Returns the directories synced.
+pub fn create_dir_durably(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        if d.as_os_str().is_empty() || d.exists() {
+            break;
+        }
+        missing.push(d.to_path_buf());
+        at = d.parent();
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut synced = Vec::new();
+    for d in missing.iter().rev() {
+        if let Some(parent) = d.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::File::open(parent)?.sync_all()?;
+            synced.push(parent.to_path_buf());
+        }
+    }
+    Ok(synced)
 }
 
 /// Directories whose own entry (in their parent) this process has made
@@ -141,6 +169,18 @@ pub async fn sync_local(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_created_directory_chain_has_its_entries_synced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let deep = root.join("a/b/c");
+        let synced = create_dir_durably(&deep).unwrap();
+        assert!(deep.is_dir());
+        assert_eq!(synced, [root.clone(), root.join("a"), root.join("a/b")]);
+        // Nothing new: nothing to sync.
+        assert!(create_dir_durably(&deep).unwrap().is_empty());
+    }
 
     #[test]
     fn local_locations_are_recognised() {

@@ -62,7 +62,7 @@ fn sqlite_uri(uri: &str) -> Result<(String, PathBuf), SinkError> {
     };
     let abs = absolute(Path::new(path))?;
     if let Some(parent) = abs.parent() {
-        std::fs::create_dir_all(parent)
+        durable::create_dir_durably(parent)
             .map_err(|e| SinkError::Io(format!("creating {}: {e}", parent.display())))?;
     }
     let uri = match query {
@@ -76,11 +76,12 @@ fn absolute(p: &Path) -> Result<PathBuf, SinkError> {
     std::path::absolute(p).map_err(|e| SinkError::Io(format!("{}: {e}", p.display())))
 }
 
-/// A local warehouse directory as an absolute path (created if absent).
+/// A local warehouse directory as an absolute path (created if absent,
+/// durably).
 pub fn local_warehouse(warehouse: &str) -> Result<String, SinkError> {
     let path = warehouse.strip_prefix("file://").unwrap_or(warehouse);
     let abs = absolute(Path::new(path))?;
-    std::fs::create_dir_all(&abs)
+    durable::create_dir_durably(&abs)
         .map_err(|e| SinkError::Io(format!("creating {}: {e}", abs.display())))?;
     Ok(abs.display().to_string())
 }
