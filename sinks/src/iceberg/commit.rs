@@ -22,7 +22,7 @@
 //! outcome is unknown (a lost response), the reloaded table is searched for
 //! that id, so a retry never adds the files twice.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::str::FromStr;
 
 use iceberg::spec::{
@@ -396,16 +396,19 @@ fn compaction_error(e: iceberg::Error) -> SinkError {
 
 /// New metadata for `table` with a `replace` snapshot on the main branch:
 /// `added` data files in, every file of `removed` marked deleted with its
-/// sequence numbers kept, every file of `kept` carried as an existing entry
-/// (its snapshot id and sequence numbers kept), and the table's current
-/// commit mark in the summary. `removed` and `kept` are together the
-/// current snapshot's live files. Compaction's commit (see
+/// sequence numbers kept, every file of `kept` still live, and the table's
+/// current commit mark in the summary. `removed` and `kept` are together
+/// the current snapshot's live files, listed by `manifests` (the current
+/// snapshot's). A manifest none of whose files is removed is carried as it
+/// is; the kept files of the others are rewritten as existing entries
+/// (snapshot id and sequence numbers kept). Compaction's commit (see
 /// [`super::compaction`]).
 pub async fn build_replace(
     table: &Table,
     added: &[DataFile],
     removed: &[&LiveFile],
     kept: &[&LiveFile],
+    manifests: &[ManifestFile],
 ) -> Result<TableMetadataBuildResult, SinkError> {
     let md = table.metadata();
     let schema = md.current_schema().clone();
@@ -432,14 +435,20 @@ pub async fn build_replace(
     }
     props.insert(COMMIT_ID_KEY.to_string(), snap.commit.to_string());
 
+    let current = manifests;
     let mut manifests: Vec<ManifestFile> = Vec::new();
     if !added.is_empty() {
         let files = ManifestFiles::Added(added);
         manifests.push(snap.manifest("-m0.avro", &spec, false, files).await?);
     }
+    // Manifests that list a removed file are rewritten; the others, carried.
+    let touched: BTreeSet<usize> = removed.iter().map(|f| f.manifest).collect();
+    let (rewritten, carried): (Vec<&LiveFile>, Vec<&LiveFile>) =
+        kept.iter().partition(|f| touched.contains(&f.manifest));
+    let carried: BTreeSet<usize> = carried.iter().map(|f| f.manifest).collect();
     // One manifest of deleted entries, and one of the files that stay, per
     // content type and spec.
-    for (prefix, files) in [("-d", removed), ("-k", kept)] {
+    for (prefix, files) in [("-d", removed), ("-k", &rewritten[..])] {
         for (n, ((deletes, spec_id), entries)) in by_content_and_spec(files).iter().enumerate() {
             let listed = if prefix == "-d" {
                 ManifestFiles::Removed(entries)
@@ -452,6 +461,12 @@ pub async fn build_replace(
                     .await?,
             );
         }
+    }
+    for i in carried {
+        let m = current
+            .get(i)
+            .ok_or_else(|| SinkError::Io(format!("compacting: no manifest {i}")))?;
+        manifests.push(m.clone());
     }
     let snapshot = snap.finish(manifests, Operation::Replace, props).await?;
     next_metadata(table)

@@ -9,15 +9,16 @@
 //! below `target_file_size`, and delete files applying to its files — a
 //! pass reads that group's small files and those a delete applies to, with
 //! the deletes applied (a delete applies only to data files of a lower
-//! sequence number, as the spec says), writes the rows as data files of
-//! about `target_file_size`, and commits ONE snapshot that adds them, marks
-//! the files read deleted, and carries every other live file as it is (with
-//! its own sequence numbers). The rewritten files get the new snapshot's
-//! sequence number, so no delete they already reflect applies to them
-//! again, and every later batch's deletes do. A delete file is dropped in
-//! the same snapshot once no remaining data file is older than it (then it
-//! applies to nothing); the deletes are global (unpartitioned), so they go
-//! when every group they touch has been rewritten.
+//! sequence number, as the spec says; one whose exact key bounds are
+//! disjoint from a file's cannot apply to it), writes the rows as data
+//! files of about `target_file_size`, and commits ONE snapshot that adds
+//! them, marks the files read deleted, and keeps every other live file
+//! with its own sequence numbers (a manifest with no file removed is
+//! carried as it is). The rewritten files get the new snapshot's sequence
+//! number, so no delete they already reflect applies to them again, and
+//! every later batch's deletes do. A delete file is dropped once it applies
+//! to no remaining data file; the deletes are global (unpartitioned), so
+//! they go when every group they touch has been rewritten.
 //!
 //! A pass runs in the sink's maintenance turn, under the table's lock, so
 //! none of this pipeline's commits interleave; another writer's commit
@@ -27,7 +28,8 @@
 
 use futures::TryStreamExt;
 use iceberg::spec::{
-    DataContentType, DataFile, ManifestEntryRef, Struct, TableMetadataBuildResult,
+    DataContentType, DataFile, Datum, ManifestEntryRef, ManifestFile, Struct,
+    TableMetadataBuildResult,
 };
 use iceberg::table::Table;
 use urutau_planner::sink::SinkError;
@@ -51,23 +53,32 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 pub struct LiveFile {
     pub entry: ManifestEntryRef,
     pub spec_id: i32,
+    /// The manifest listing it: its index in [`LiveSnapshot::manifests`].
+    pub manifest: usize,
+}
+
+/// The current snapshot's manifests and their live entries.
+#[derive(Default)]
+pub struct LiveSnapshot {
+    pub manifests: Vec<ManifestFile>,
+    pub files: Vec<LiveFile>,
 }
 
 /// The live entries (data and delete files) of the table's current
-/// snapshot.
-pub async fn live_files(table: &Table) -> Result<Vec<LiveFile>, SinkError> {
+/// snapshot, and the manifests listing them.
+pub async fn live_files(table: &Table) -> Result<LiveSnapshot, SinkError> {
     let err = io_error("reading the table's manifests");
     let Some(snapshot) = table.metadata().current_snapshot() else {
-        return Ok(vec![]);
+        return Ok(LiveSnapshot::default());
     };
     let list = table
         .manifest_list_reader(snapshot)
         .load()
         .await
         .map_err(&err)?;
-    let mut live = Vec::new();
-    for m in list.entries() {
-        live.extend(
+    let mut live = LiveSnapshot::default();
+    for (i, m) in list.entries().iter().enumerate() {
+        live.files.extend(
             commit::alive_entries(table, m)
                 .await
                 .map_err(&err)?
@@ -75,8 +86,10 @@ pub async fn live_files(table: &Table) -> Result<Vec<LiveFile>, SinkError> {
                 .map(|entry| LiveFile {
                     entry,
                     spec_id: m.partition_spec_id,
+                    manifest: i,
                 }),
         );
+        live.manifests.push(m.clone());
     }
     Ok(live)
 }
@@ -130,25 +143,29 @@ impl CompactionPlan<'_> {
 struct Facts {
     data: bool,
     size: u64,
-    /// Data sequence number (`None`: unknown, treated as older than every
-    /// delete).
-    seq: Option<i64>,
     /// The partition group (data files; deletes are global).
     group: usize,
 }
 
-/// The pass over `live`, or `None` when no partition group has
-/// `min_files` candidates.
+/// The pass over `live`, or `None` when it would do nothing.
 ///
+/// A delete file applies to a data file when its sequence number is higher
+/// and, on every key column (`key_ids`) whose bounds both files record
+/// exactly, their value ranges overlap (as Java's delete index decides).
 /// The candidates of a partition group (one partition of one spec) are its
 /// data files below `target_size` and the delete files that apply to any of
-/// its data files (a delete of a higher sequence number than the file). In a
-/// group that has `min_files` of them, every data file that is small or has
-/// a delete applying to it is rewritten; the rewritten files take the new
-/// snapshot's sequence number, so no old delete applies to them. A delete
-/// file is dropped once no remaining data file is older than it, so it can
-/// apply to nothing; until then it stays.
-pub fn plan(live: &[LiveFile], target_size: u64, min_files: usize) -> Option<CompactionPlan<'_>> {
+/// its data files. In a group that has `min_files` of them, every data file
+/// that is small or has a delete applying to it is rewritten; the rewritten
+/// files take the new snapshot's sequence number, so no old delete applies
+/// to them. A delete file that applies to no remaining data file is
+/// dropped (then it can apply to nothing), even when no group is rewritten;
+/// until then it stays.
+pub fn plan<'a>(
+    live: &'a [LiveFile],
+    target_size: u64,
+    min_files: usize,
+    key_ids: &[i32],
+) -> Option<CompactionPlan<'a>> {
     let mut groups: HashMap<(i32, &Struct), usize> = HashMap::new();
     let facts: Vec<Facts> = live
         .iter()
@@ -166,60 +183,112 @@ pub fn plan(live: &[LiveFile], target_size: u64, min_files: usize) -> Option<Com
             Facts {
                 data,
                 size: e.file_size_in_bytes(),
-                seq: e.sequence_number(),
                 group,
             }
         })
         .collect();
-    let (roles, rewritten) = choose(&facts, target_size, min_files)?;
+    let applies = |delete: usize, data: usize| {
+        let (d, f) = (&live[delete].entry, &live[data].entry);
+        let later = match (d.sequence_number(), f.sequence_number()) {
+            (Some(d), Some(f)) => d > f,
+            _ => true,
+        };
+        later && key_ranges_overlap(d.data_file(), f.data_file(), key_ids)
+    };
+    let (roles, rewritten) = choose(&facts, target_size, min_files, applies)?;
     Some(CompactionPlan {
         files: live.iter().zip(roles).collect(),
         groups: rewritten,
     })
 }
 
-/// The roles of `files` (see [`plan`]) and how many groups are rewritten.
-fn choose(files: &[Facts], target_size: u64, min_files: usize) -> Option<(Vec<Role>, usize)> {
-    let delete_seqs: Vec<Option<i64>> = files.iter().filter(|f| !f.data).map(|f| f.seq).collect();
-    // A delete applies to a data file of a lower sequence number.
-    let applies = |delete: Option<i64>, data: Option<i64>| match (delete, data) {
-        (Some(d), Some(f)) => d > f,
-        _ => true,
-    };
-    let groups = files.iter().filter(|f| f.data).map(|f| f.group + 1).max()?;
+/// Whether two files may hold a common key: false only when, on some key
+/// column, both record exact bounds and the ranges are disjoint. Bounds of
+/// text and binary columns may be truncated, so they are not trusted.
+fn key_ranges_overlap(a: &DataFile, b: &DataFile, key_ids: &[i32]) -> bool {
+    key_ids.iter().all(|id| {
+        let bounds = |f: &DataFile| {
+            let lower = f.lower_bounds().get(id)?;
+            let upper = f.upper_bounds().get(id)?;
+            exact_bound(lower).then_some((lower.clone(), upper.clone()))
+        };
+        match (bounds(a), bounds(b)) {
+            (Some((a_low, a_high)), Some((b_low, b_high))) => !(a_high < b_low || b_high < a_low),
+            _ => true,
+        }
+    })
+}
+
+/// Whether a bound of this type is the exact minimum or maximum.
+fn exact_bound(d: &Datum) -> bool {
+    use iceberg::spec::PrimitiveType as P;
+    matches!(
+        d.data_type(),
+        P::Int
+            | P::Long
+            | P::Date
+            | P::Time
+            | P::Timestamp
+            | P::Timestamptz
+            | P::TimestampNs
+            | P::TimestamptzNs
+            | P::Decimal { .. }
+            | P::Uuid
+            | P::Boolean
+    )
+}
+
+/// The roles of `files` (see [`plan`]) given which delete applies to which
+/// data file (`applies(delete index, data index)`), and how many groups
+/// are rewritten; `None` when nothing would change.
+fn choose(
+    files: &[Facts],
+    target_size: u64,
+    min_files: usize,
+    applies: impl Fn(usize, usize) -> bool,
+) -> Option<(Vec<Role>, usize)> {
+    let deletes: Vec<usize> = (0..files.len()).filter(|i| !files[*i].data).collect();
+    let groups = files
+        .iter()
+        .filter(|f| f.data)
+        .map(|f| f.group + 1)
+        .max()
+        .unwrap_or(0);
     let mut chosen = vec![false; groups];
     for (g, chosen) in chosen.iter_mut().enumerate() {
-        let members: Vec<&Facts> = files.iter().filter(|f| f.data && f.group == g).collect();
-        let small = members.iter().filter(|f| f.size < target_size).count();
-        let deletes = delete_seqs
+        let members: Vec<usize> = (0..files.len())
+            .filter(|i| files[*i].data && files[*i].group == g)
+            .collect();
+        let small = members
             .iter()
-            .filter(|d| members.iter().any(|f| applies(**d, f.seq)))
+            .filter(|i| files[**i].size < target_size)
             .count();
-        *chosen = small + deletes >= min_files;
+        let applying = deletes
+            .iter()
+            .filter(|d| members.iter().any(|f| applies(**d, *f)))
+            .count();
+        *chosen = small + applying >= min_files;
     }
-    let mut roles: Vec<Role> = files
-        .iter()
-        .map(|f| {
+    let mut roles: Vec<Role> = (0..files.len())
+        .map(|i| {
+            let f = &files[i];
             let rewrite = f.data
                 && chosen[f.group]
-                && (f.size < target_size || delete_seqs.iter().any(|d| applies(*d, f.seq)));
+                && (f.size < target_size || deletes.iter().any(|d| applies(*d, i)));
             if rewrite { Role::Rewrite } else { Role::Keep }
         })
         .collect();
-    if !roles.contains(&Role::Rewrite) {
-        return None;
-    }
-    // The data files that stay: a delete that applies to none goes.
-    let kept: Vec<Option<i64>> = files
-        .iter()
-        .zip(&roles)
-        .filter(|(f, r)| f.data && **r == Role::Keep)
-        .map(|(f, _)| f.seq)
+    // The data files that stay: a delete that applies to none of them goes.
+    let kept: Vec<usize> = (0..files.len())
+        .filter(|i| files[*i].data && roles[*i] == Role::Keep)
         .collect();
-    for (f, role) in files.iter().zip(roles.iter_mut()) {
-        if !f.data && !kept.iter().any(|k| applies(f.seq, *k)) {
-            *role = Role::Drop;
+    for d in &deletes {
+        if !kept.iter().any(|f| applies(*d, *f)) {
+            roles[*d] = Role::Drop;
         }
+    }
+    if roles.iter().all(|r| *r == Role::Keep) {
+        return None;
     }
     Some((roles, chosen.iter().filter(|c| **c).count()))
 }
@@ -235,6 +304,7 @@ fn choose(files: &[Facts], target_size: u64, min_files: usize) -> Option<(Vec<Ro
 pub async fn build_compaction(
     table: &Table,
     plan: &CompactionPlan<'_>,
+    manifests: &[ManifestFile],
     target_size: u64,
 ) -> Result<(TableMetadataBuildResult, Vec<DataFile>), SinkError> {
     let err = io_error("compacting");
@@ -293,7 +363,7 @@ pub async fn build_compaction(
         .chain(plan.with(Role::Drop))
         .collect();
     let kept: Vec<&LiveFile> = plan.with(Role::Keep).collect();
-    let result = commit::build_replace(table, &added, &removed, &kept).await?;
+    let result = commit::build_replace(table, &added, &removed, &kept, manifests).await?;
     Ok((result, added))
 }
 
@@ -419,22 +489,35 @@ mod tests {
 
     const MB: u64 = 1 << 20;
 
-    fn data(group: usize, size: u64, seq: i64) -> Facts {
-        Facts {
-            data: true,
-            size,
-            seq: Some(seq),
-            group,
-        }
+    /// A file and its sequence number.
+    type File = (Facts, i64);
+
+    fn data(group: usize, size: u64, seq: i64) -> File {
+        (
+            Facts {
+                data: true,
+                size,
+                group,
+            },
+            seq,
+        )
     }
 
-    fn delete(seq: i64) -> Facts {
-        Facts {
-            data: false,
-            size: MB,
-            seq: Some(seq),
-            group: usize::MAX,
-        }
+    fn delete(seq: i64) -> File {
+        (
+            Facts {
+                data: false,
+                size: MB,
+                group: usize::MAX,
+            },
+            seq,
+        )
+    }
+
+    /// `choose` with the sequence-number rule alone.
+    fn roles(files: &[File], target: u64, min: usize) -> Option<(Vec<Role>, usize)> {
+        let facts: Vec<Facts> = files.iter().map(|f| f.0).collect();
+        choose(&facts, target, min, |d, f| files[d].1 > files[f].1)
     }
 
     #[test]
@@ -446,11 +529,11 @@ mod tests {
             delete(4),
             delete(5),
         ];
-        let (roles, groups) = choose(&files, 512 * MB, 5).unwrap();
+        let (r, groups) = roles(&files, 512 * MB, 5).unwrap();
         use Role::*;
-        assert_eq!(roles, [Rewrite, Rewrite, Rewrite, Drop, Drop]);
+        assert_eq!(r, [Rewrite, Rewrite, Rewrite, Drop, Drop]);
         assert_eq!(groups, 1);
-        assert!(choose(&files, 512 * MB, 6).is_none(), "5 candidates < 6");
+        assert!(roles(&files, 512 * MB, 6).is_none(), "5 candidates < 6");
     }
 
     #[test]
@@ -465,9 +548,9 @@ mod tests {
             data(1, MB, 5),
             delete(10),
         ];
-        let (roles, groups) = choose(&files, 512 * MB, 5).unwrap();
+        let (r, groups) = roles(&files, 512 * MB, 5).unwrap();
         use Role::*;
-        assert_eq!(roles, [Rewrite, Rewrite, Rewrite, Rewrite, Keep, Keep]);
+        assert_eq!(r, [Rewrite, Rewrite, Rewrite, Rewrite, Keep, Keep]);
         assert_eq!(groups, 1);
     }
 
@@ -483,17 +566,17 @@ mod tests {
             delete(3),
             delete(6),
         ];
-        let (roles, _) = choose(&files, 512 * MB, 4).unwrap();
+        let (r, _) = roles(&files, 512 * MB, 4).unwrap();
         use Role::*;
-        assert_eq!(roles, [Rewrite, Rewrite, Keep, Drop, Drop]);
+        assert_eq!(r, [Rewrite, Rewrite, Keep, Drop, Drop]);
     }
 
     #[test]
     fn a_large_file_a_delete_applies_to_is_rewritten() {
         let files = [data(0, MB, 1), data(0, 600 * MB, 2), delete(3)];
-        let (roles, _) = choose(&files, 512 * MB, 2).unwrap();
+        let (r, _) = roles(&files, 512 * MB, 2).unwrap();
         use Role::*;
-        assert_eq!(roles, [Rewrite, Rewrite, Drop]);
+        assert_eq!(r, [Rewrite, Rewrite, Drop]);
     }
 
     #[test]
@@ -508,8 +591,71 @@ mod tests {
             delete(1),
             delete(9),
         ];
-        let (roles, _) = choose(&files, 512 * MB, 3).unwrap();
+        let (r, _) = roles(&files, 512 * MB, 3).unwrap();
         use Role::*;
-        assert_eq!(roles, [Rewrite, Rewrite, Rewrite, Keep, Drop, Keep]);
+        assert_eq!(r, [Rewrite, Rewrite, Rewrite, Keep, Drop, Keep]);
+    }
+
+    #[test]
+    fn a_delete_that_applies_to_nothing_goes_without_a_rewrite() {
+        // Too few candidates to rewrite anything, but the delete of seq 1
+        // is older than every data file.
+        let files = [data(0, 600 * MB, 2), delete(1), delete(3)];
+        let (r, groups) = roles(&files, 512 * MB, 5).unwrap();
+        use Role::*;
+        assert_eq!(r, [Keep, Drop, Keep]);
+        assert_eq!(groups, 0);
+        // A table of deletes only: they all go.
+        let (r, _) = roles(&[delete(1), delete(2)], 512 * MB, 5).unwrap();
+        assert_eq!(r, [Drop, Drop]);
+    }
+
+    #[test]
+    fn disjoint_key_ranges_keep_a_delete_off_a_group() {
+        // Group 1's file holds keys another range than the deletes touch:
+        // they neither make it a candidate nor stay for it.
+        let files = [
+            data(0, MB, 1),
+            data(0, MB, 2),
+            data(1, MB, 3),
+            delete(4),
+            delete(5),
+        ];
+        let facts: Vec<Facts> = files.iter().map(|f| f.0).collect();
+        let applies = |d: usize, f: usize| files[d].1 > files[f].1 && files[f].0.group == 0;
+        let (r, groups) = choose(&facts, 512 * MB, 4, applies).unwrap();
+        use Role::*;
+        assert_eq!(r, [Rewrite, Rewrite, Keep, Drop, Drop]);
+        assert_eq!(groups, 1);
+    }
+
+    fn file_with_bounds(low: Datum, high: Datum) -> DataFile {
+        use iceberg::spec::{DataFileBuilder, DataFileFormat};
+        DataFileBuilder::default()
+            .content(DataContentType::Data)
+            .file_path("f".into())
+            .file_format(DataFileFormat::Parquet)
+            .partition(Struct::empty())
+            .record_count(1)
+            .file_size_in_bytes(1)
+            .lower_bounds(HashMap::from([(1, low)]))
+            .upper_bounds(HashMap::from([(1, high)]))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn key_ranges_overlap_only_on_exact_bounds() {
+        let a = file_with_bounds(Datum::long(1), Datum::long(20));
+        let b = file_with_bounds(Datum::long(1001), Datum::long(1020));
+        let c = file_with_bounds(Datum::long(15), Datum::long(1005));
+        assert!(!key_ranges_overlap(&a, &b, &[1]));
+        assert!(key_ranges_overlap(&a, &c, &[1]) && key_ranges_overlap(&b, &c, &[1]));
+        assert!(key_ranges_overlap(&a, &b, &[]), "no key: no evidence");
+        assert!(key_ranges_overlap(&a, &b, &[2]), "no bounds: no evidence");
+        // Text bounds may be truncated: never trusted.
+        let s = file_with_bounds(Datum::string("a"), Datum::string("b"));
+        let t = file_with_bounds(Datum::string("x"), Datum::string("y"));
+        assert!(key_ranges_overlap(&s, &t, &[1]));
     }
 }

@@ -85,12 +85,27 @@ impl IcebergSink {
                 return;
             }
         };
-        let Some(plan) = compaction::plan(&live, policy.target_file_size, policy.min_input_files)
-        else {
+        let key_ids: Vec<i32> = state
+            .table
+            .metadata()
+            .current_schema()
+            .identifier_field_ids()
+            .collect();
+        let Some(plan) = compaction::plan(
+            &live.files,
+            policy.target_file_size,
+            policy.min_input_files,
+            &key_ids,
+        ) else {
             return;
         };
-        let built =
-            compaction::build_compaction(&state.table, &plan, policy.target_file_size).await;
+        let built = compaction::build_compaction(
+            &state.table,
+            &plan,
+            &live.manifests,
+            policy.target_file_size,
+        )
+        .await;
         let (built, added) = match built {
             Ok((result, files)) => (
                 Ok(result),

@@ -213,6 +213,19 @@ impl SqlCatalogConn {
             .and_then(|b| b.build())
             .map_err(&err)?
             .metadata;
+        // The table's directories, made durably wherever the location is
+        // (a namespace's `location` may lie outside the warehouse).
+        let Some(local) = durable::local_path(&location) else {
+            return Err(SinkError::Io(format!(
+                "creating {ident}: its location {location} is not an absolute local path, which the SQL catalog's warehouse needs"
+            )));
+        };
+        let metadata_dir = local.join("metadata");
+        let made = metadata_dir.clone();
+        tokio::task::spawn_blocking(move || durable::create_dir_durably(&made))
+            .await
+            .map_err(|e| SinkError::Io(format!("creating {ident}: {e}")))?
+            .map_err(|e| SinkError::Io(format!("creating {}: {e}", metadata_dir.display())))?;
         let metadata_location = MetadataLocation::new_with_metadata(location.clone(), &metadata);
         metadata
             .write_to(&FileIO::new_with_fs(), &metadata_location)
@@ -221,12 +234,19 @@ impl SqlCatalogConn {
         let metadata_location = metadata_location.to_string();
         durable::sync_local(
             vec![metadata_location.clone()],
-            vec![location],
-            &self.warehouse,
+            vec![],
+            &location,
             &self.durable_dirs,
         )
         .await?;
-        self.insert(ident, &metadata_location).await?;
+        if let Err(e) = self.insert(ident, &metadata_location).await {
+            // Not the table's: a file left there would look like another
+            // table's to orphan cleanup.
+            if let Some(path) = durable::local_path(&metadata_location) {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
         self.load(ident).await?.ok_or_else(|| {
             SinkError::Io(format!("{ident} is not in the catalog after its creation"))
         })
