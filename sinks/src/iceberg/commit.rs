@@ -106,7 +106,9 @@ fn new_snapshot_id(md: &TableMetadata) -> i64 {
 
 /// `total-*` summary entries: the parent's totals plus this snapshot's
 /// additions (Java's convention: equality-deleted rows are not subtracted
-/// from `total-records`).
+/// from `total-records`). A total the parent does not carry (another
+/// writer's snapshot) is left out, as Java does, rather than restarted
+/// from 0.
 fn add_totals(props: &mut HashMap<String, String>, parent: Option<&Summary>) {
     let get = |m: &HashMap<String, String>, k: &str| -> u64 {
         m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
@@ -131,7 +133,17 @@ fn add_totals(props: &mut HashMap<String, String>, parent: Option<&Summary>) {
             "removed-equality-deletes",
         ),
     ] {
-        let before = parent.map_or(0, |s| get(&s.additional_properties, total));
+        let before = match parent {
+            None => 0,
+            Some(s) => match s
+                .additional_properties
+                .get(total)
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                Some(v) => v,
+                None => continue,
+            },
+        };
         let value = (before + get(props, added)).saturating_sub(get(props, removed));
         props.insert(total.to_string(), value.to_string());
     }
@@ -590,4 +602,43 @@ pub fn committed_position(md: &TableMetadata) -> Option<String> {
         return Some(m);
     }
     ancestry(md).find_map(|s| mark_from(&s.summary().additional_properties))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn totals_continue_the_parents_or_are_left_out() {
+        // The first snapshot: totals are its additions.
+        let mut first = props(&[("added-data-files", "2"), ("added-records", "10")]);
+        add_totals(&mut first, None);
+        assert_eq!(first["total-data-files"], "2");
+        assert_eq!(first["total-records"], "10");
+        // Then: the parent's, plus and minus this snapshot's.
+        let parent = Summary {
+            operation: Operation::Append,
+            additional_properties: first,
+        };
+        let mut next = props(&[("added-data-files", "1"), ("deleted-data-files", "2")]);
+        add_totals(&mut next, Some(&parent));
+        assert_eq!(next["total-data-files"], "1");
+        assert_eq!(next["total-records"], "10");
+        // A parent without totals (another writer's): none, not a restart
+        // from 0.
+        let foreign = Summary {
+            operation: Operation::Append,
+            additional_properties: HashMap::new(),
+        };
+        let mut after = props(&[("added-data-files", "1")]);
+        add_totals(&mut after, Some(&foreign));
+        assert!(!after.contains_key("total-data-files"), "{after:?}");
+    }
 }
