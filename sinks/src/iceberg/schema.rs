@@ -226,7 +226,12 @@ pub fn check_existing(existing: &Schema, wanted: &Schema) -> Vec<String> {
         v
     };
     let (hk, wk) = (names(existing), names(wanted));
-    if hk != wk && !wk.is_empty() {
+    if hk.is_empty() && !wk.is_empty() {
+        problems.push(format!(
+            "the table has no identifier fields (an append table holds many rows per key), and the upsert route's key is [{}]",
+            wk.join(", ")
+        ));
+    } else if hk != wk && !wk.is_empty() {
         problems.push(format!(
             "the table's identifier fields are [{}], the route's key is [{}]",
             hk.join(", "),
@@ -364,6 +369,20 @@ mod tests {
                 "NOT NULL stays required"
             );
         }
+    }
+
+    #[test]
+    fn an_append_table_cannot_become_an_upsert_table() {
+        let mut t = target(&[("id", "BIGINT", false), ("v", "VARCHAR", true)], &["id"]);
+        let upsert = table_schema(&t).unwrap();
+        t.mode = WriteMode::Append;
+        let append = table_schema(&t).unwrap();
+        let problems = check_existing(&append, &upsert);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("no identifier fields"), "{problems:?}");
+        // An append route on a keyed table is accepted: append tables made
+        // before they stopped declaring identifier fields have them.
+        assert!(check_existing(&upsert, &append).is_empty());
     }
 
     #[test]
