@@ -149,16 +149,17 @@ pub fn create_table(database: &str, table: &str, target: &TargetTable) -> String
                 .join(", ")
         )
     };
-    let (engine, settings) = match target.mode {
+    let (args, settings) = match target.mode {
         WriteMode::Upsert => (
-            format!("ReplacingMergeTree({}, {})", ident(SEQ), ident(IS_DELETED)),
+            format!("({}, {})", ident(SEQ), ident(IS_DELETED)),
             "\nSETTINGS allow_experimental_replacing_merge_with_cleanup = 1",
         ),
         // Copies of one change hold equal data; the newest (highest `seq`)
         // stays, so the table's `max(seq)` never goes down.
-        WriteMode::AppendIdempotent => (format!("ReplacingMergeTree({})", ident(SEQ)), ""),
-        WriteMode::Append => ("MergeTree".to_string(), ""),
+        WriteMode::AppendIdempotent => (format!("({})", ident(SEQ)), ""),
+        WriteMode::Append => (String::new(), ""),
     };
+    let engine = format!("{}{args}", engine_name(target));
     let partition = if target.partition_by.is_empty() {
         String::new()
     } else {

@@ -206,17 +206,17 @@ pub fn plan<'a>(
 /// column, both record exact bounds and the ranges are disjoint. Bounds of
 /// text and binary columns may be truncated, so they are not trusted.
 fn key_ranges_overlap(a: &DataFile, b: &DataFile, key_ids: &[i32]) -> bool {
-    key_ids.iter().all(|id| {
-        let bounds = |f: &DataFile| {
-            let lower = f.lower_bounds().get(id)?;
-            let upper = f.upper_bounds().get(id)?;
-            exact_bound(lower).then_some((lower.clone(), upper.clone()))
-        };
-        match (bounds(a), bounds(b)) {
+    fn bounds<'f>(f: &'f DataFile, id: &i32) -> Option<(&'f Datum, &'f Datum)> {
+        let lower = f.lower_bounds().get(id)?;
+        let upper = f.upper_bounds().get(id)?;
+        exact_bound(lower).then_some((lower, upper))
+    }
+    key_ids
+        .iter()
+        .all(|id| match (bounds(a, id), bounds(b, id)) {
             (Some((a_low, a_high)), Some((b_low, b_high))) => !(a_high < b_low || b_high < a_low),
             _ => true,
-        }
-    })
+        })
 }
 
 /// Whether a bound of this type is the exact minimum or maximum.
@@ -248,42 +248,47 @@ fn choose(
     applies: impl Fn(usize, usize) -> bool,
 ) -> Option<(Vec<Role>, usize)> {
     let deletes: Vec<usize> = (0..files.len()).filter(|i| !files[*i].data).collect();
+    // Which delete applies to which data file, asked once per pair: the
+    // data files each delete applies to.
+    let targets: Vec<Vec<usize>> = deletes
+        .iter()
+        .map(|d| {
+            (0..files.len())
+                .filter(|f| files[*f].data && applies(*d, *f))
+                .collect()
+        })
+        .collect();
+    let mut hit = vec![false; files.len()];
+    targets.iter().flatten().for_each(|f| hit[*f] = true);
     let groups = files
         .iter()
         .filter(|f| f.data)
         .map(|f| f.group + 1)
         .max()
         .unwrap_or(0);
-    let mut chosen = vec![false; groups];
-    for (g, chosen) in chosen.iter_mut().enumerate() {
-        let members: Vec<usize> = (0..files.len())
-            .filter(|i| files[*i].data && files[*i].group == g)
-            .collect();
-        let small = members
-            .iter()
-            .filter(|i| files[**i].size < target_size)
-            .count();
-        let applying = deletes
-            .iter()
-            .filter(|d| members.iter().any(|f| applies(**d, *f)))
-            .count();
-        *chosen = small + applying >= min_files;
+    // Candidates per group: small files, then deletes applying to any file.
+    let mut candidates = vec![0usize; groups];
+    for f in files.iter().filter(|f| f.data && f.size < target_size) {
+        candidates[f.group] += 1;
     }
-    let mut roles: Vec<Role> = (0..files.len())
-        .map(|i| {
-            let f = &files[i];
-            let rewrite = f.data
-                && chosen[f.group]
-                && (f.size < target_size || deletes.iter().any(|d| applies(*d, i)));
+    for t in &targets {
+        let mut touched: Vec<usize> = t.iter().map(|f| files[*f].group).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        touched.into_iter().for_each(|g| candidates[g] += 1);
+    }
+    let chosen: Vec<bool> = candidates.iter().map(|c| *c >= min_files).collect();
+    let mut roles: Vec<Role> = files
+        .iter()
+        .zip(&hit)
+        .map(|(f, hit)| {
+            let rewrite = f.data && chosen[f.group] && (f.size < target_size || *hit);
             if rewrite { Role::Rewrite } else { Role::Keep }
         })
         .collect();
-    // The data files that stay: a delete that applies to none of them goes.
-    let kept: Vec<usize> = (0..files.len())
-        .filter(|i| files[*i].data && roles[*i] == Role::Keep)
-        .collect();
-    for d in &deletes {
-        if !kept.iter().any(|f| applies(*d, *f)) {
+    // A delete that applies to no data file that stays goes.
+    for (d, t) in deletes.iter().zip(&targets) {
+        if t.iter().all(|f| roles[*f] == Role::Rewrite) {
             roles[*d] = Role::Drop;
         }
     }

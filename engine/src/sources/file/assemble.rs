@@ -102,15 +102,7 @@ impl Assembler {
         }
         .ok_or_else(|| fail("internal: a row image is not UTF-8".to_string()))?;
         t.decoder
-            .append_row(
-                raw,
-                row.kind,
-                row.commit_ts,
-                row.snapshot,
-                line,
-                &chunk.stream,
-                row.offset as i64,
-            )
+            .append_row(raw, row, &chunk.stream)
             .map_err(|e| fail(e.to_string()))?;
         if !t.decoder.undeclared.is_empty() {
             let table_name = t.table.join(".");

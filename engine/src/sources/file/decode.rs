@@ -24,6 +24,7 @@ use urutau_planner::context;
 use urutau_planner::registry::SourceTableSchema;
 use urutau_planner::types::{CanonicalType, UTC};
 
+use super::chunk::RowImage;
 use crate::change_batch::{ContextBuilder, CoordinateBuilder, RowKind};
 
 /// A row value that does not fit (carried as a serde error message).
@@ -170,19 +171,16 @@ impl TableDecoder {
         self.context.open_rows()
     }
 
-    /// Decodes one row image (the text of a JSON object) at `line`, whose
-    /// change has the coordinate (`stream`, shard 0, `sequence`).
-    #[allow(clippy::too_many_arguments)]
+    /// Decodes `raw`, the text (a JSON object) of the row image `row` of a
+    /// change file whose stream is `stream`: the change's coordinate is
+    /// (`stream`, shard 0, the offset of its line).
     pub fn append_row(
         &mut self,
         raw: &str,
-        kind: RowKind,
-        commit_ts_micros: Option<i64>,
-        snapshot: bool,
-        line: u64,
+        row: &RowImage,
         stream: &Arc<str>,
-        sequence: i64,
     ) -> Result<(), DecodeError> {
+        let (kind, line) = (row.kind, row.line);
         self.set.iter_mut().for_each(|s| *s = false);
         let mut de = serde_json::Deserializer::from_str(raw);
         let mut failed_field = None;
@@ -217,9 +215,9 @@ impl TableDecoder {
                 append_null(c, lenient, line)?;
             }
         }
-        self.context.append(kind, commit_ts_micros, snapshot);
+        self.context.append(kind, row.commit_ts, row.snapshot);
         if let Some(c) = &mut self.coordinate {
-            c.append(stream, 0, sequence);
+            c.append(stream, 0, row.offset as i64);
         }
         Ok(())
     }

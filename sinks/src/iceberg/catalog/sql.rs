@@ -33,7 +33,7 @@ pub struct SqlCatalogConn {
     pool: sqlx::AnyPool,
     /// The `catalog_name` column value of this catalog's rows.
     name: String,
-    /// Postgres binds `$1`, SQLite `?`.
+    /// Postgres binds `$1`, SQLite `?` (see [`Self::bind_style`]).
     dollar: bool,
     /// Directories of the warehouse already made durable.
     durable_dirs: durable::DurableDirs,
@@ -252,23 +252,25 @@ impl SqlCatalogConn {
         })
     }
 
+    /// `sql` in this catalog's bind style (see [`numbered_placeholders`]).
+    fn bind_style(&self, sql: &str) -> String {
+        if self.dollar {
+            numbered_placeholders(sql)
+        } else {
+            sql.to_string()
+        }
+    }
+
     /// Adds the catalog row of a new table. Fails when the name is taken
     /// (another writer created it meanwhile: the next run loads and checks
     /// that table).
     async fn insert(&self, ident: &TableIdent, metadata_location: &str) -> Result<(), SinkError> {
-        let sql = match self.dollar {
-            false => {
-                "INSERT INTO iceberg_tables \
-                 (catalog_name, table_namespace, table_name, metadata_location, iceberg_type) \
-                 VALUES (?, ?, ?, ?, 'TABLE')"
-            }
-            true => {
-                "INSERT INTO iceberg_tables \
-                 (catalog_name, table_namespace, table_name, metadata_location, iceberg_type) \
-                 VALUES ($1, $2, $3, $4, 'TABLE')"
-            }
-        };
-        sqlx::query(sql)
+        let sql = self.bind_style(
+            "INSERT INTO iceberg_tables \
+             (catalog_name, table_namespace, table_name, metadata_location, iceberg_type) \
+             VALUES (?, ?, ?, ?, 'TABLE')",
+        );
+        sqlx::query(&sql)
             .bind(self.name.clone())
             .bind(ident.namespace().join("."))
             .bind(ident.name().to_string())
@@ -321,19 +323,12 @@ impl SqlCatalogConn {
     /// Makes `new` the table's metadata if `old` still is; false when
     /// another writer committed first.
     async fn swap(&self, ident: &TableIdent, old: &str, new: &str) -> Result<bool, SinkError> {
-        let sql = match self.dollar {
-            false => {
-                "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
-                 WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
-                 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?"
-            }
-            true => {
-                "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 \
-                 WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 \
-                 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = $6"
-            }
-        };
-        let done = sqlx::query(sql)
+        let sql = self.bind_style(
+            "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
+             WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
+             AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?",
+        );
+        let done = sqlx::query(&sql)
             .bind(new.to_string())
             .bind(old.to_string())
             .bind(self.name.clone())
@@ -344,5 +339,32 @@ impl SqlCatalogConn {
             .await
             .map_err(|e| SinkError::Io(format!("committing to the SQL catalog: {e}")))?;
         Ok(done.rows_affected() == 1)
+    }
+}
+
+/// `sql`, written with `?` placeholders (none inside literals), with them
+/// numbered `$1, $2, ...` as Postgres binds them.
+fn numbered_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    for (n, part) in sql.split('?').enumerate() {
+        if n > 0 {
+            out.push('$');
+            out.push_str(&n.to_string());
+        }
+        out.push_str(part);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_numbered_for_postgres() {
+        assert_eq!(
+            numbered_placeholders("UPDATE t SET a = ? WHERE b = ? AND c = 'TABLE'"),
+            "UPDATE t SET a = $1 WHERE b = $2 AND c = 'TABLE'"
+        );
     }
 }
