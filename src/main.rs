@@ -82,8 +82,22 @@ enum PlanFormat {
     Tree,
 }
 
+/// The tracing filter of a `--log-level`: a plain level keeps the
+/// Couchbase SDK's connection chatter (dozens of lines per connect at
+/// info) at warn; a full filter is taken as it is.
+fn log_filter(level: &str) -> String {
+    if level.contains('=') || level.contains(',') {
+        return level.to_string();
+    }
+    let quiet = match level {
+        "debug" | "trace" | "error" => level,
+        _ => "warn",
+    };
+    format!("{level},couchbase={quiet},couchbase_core={quiet}")
+}
+
 fn init_logging(level: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -282,6 +282,47 @@ fn validate_rejects_with_location_and_rule() {
     );
     check_invalid(&f, "4:35", &["commit_mode = 'atomic'"]);
 
+    let cb = "CREATE SINK cb INTO couchbase WITH (uri = 'couchbase://h', bucket = 'b');\n";
+    let f = write(
+        d,
+        "cb-reserved.sql",
+        &format!(
+            "{SOURCE}{cb}CREATE TABLE cb.o AS SELECT id, note AS _urutau FROM events.orders;\n"
+        ),
+    );
+    check_invalid(
+        &f,
+        "4:41",
+        &[
+            "writes a column named _urutau",
+            "rule: Couchbase documents hold the route's metadata columns under the reserved `_urutau` object",
+        ],
+    );
+    let f = write(
+        d,
+        "cb-maintenance.sql",
+        &format!(
+            "{SOURCE}CREATE SINK cb INTO couchbase WITH (uri = 'couchbase://h', bucket = 'b',\n  maintenance_enabled = true);\nCREATE TABLE cb.o AS SELECT id FROM events.orders;\n"
+        ),
+    );
+    check_invalid(&f, "4:3", &["maintenance is Iceberg-only"]);
+    let f = write(
+        d,
+        "cb-unknown.sql",
+        &format!(
+            "{SOURCE}CREATE SINK cb INTO couchbase WITH (uri = 'couchbase://h', bucket = 'b', durabilty = 'majority');\nCREATE TABLE cb.o AS SELECT id FROM events.orders;\n"
+        ),
+    );
+    check_invalid(&f, "3:74", &["durabilty", "did you mean `durability`?"]);
+    let f = write(
+        d,
+        "cb-durability.sql",
+        &format!(
+            "{SOURCE}CREATE SINK cb INTO couchbase WITH (uri = 'couchbase://h', bucket = 'b', durability = 'none');\nCREATE TABLE cb.o AS SELECT id FROM events.orders;\n"
+        ),
+    );
+    check_invalid(&f, "3:87", &["durability"]);
+
     let f = write(
         d,
         "workers.sql",

@@ -6,14 +6,15 @@
 //! - `memory`: holds tables in process memory (engine tests).
 //! - `iceberg`: Apache Iceberg through a SQL catalog (SQLite or Postgres).
 //! - `clickhouse`: ReplacingMergeTree upserts, the position in the data.
-//! - `couchbase`: its option schema and rules are registered so pipelines
-//!   validate and plan; its writer is not in this build yet, and running
-//!   one fails with that message.
+//! - `couchbase`: one document per key, a control document per collection
+//!   holding the position; fast or atomic commits.
+
+#![recursion_limit = "256"]
 
 pub mod clickhouse;
+pub mod couchbase;
 pub mod debug;
 pub mod iceberg;
-pub mod kinds;
 pub mod memory;
 
 use std::sync::Arc;
@@ -26,7 +27,5 @@ pub fn register(registry: &mut Registry) {
     registry.register_sink(Arc::new(memory::MemorySinkProvider::new()));
     registry.register_sink(Arc::new(iceberg::IcebergSinkProvider::new()));
     registry.register_sink(Arc::new(clickhouse::ClickHouseSinkProvider::new()));
-    for p in kinds::planned_kinds() {
-        registry.register_sink(p);
-    }
+    registry.register_sink(Arc::new(couchbase::CouchbaseSinkProvider::new()));
 }

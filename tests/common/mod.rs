@@ -510,3 +510,128 @@ impl Drop for ClickHouse {
         }
     }
 }
+
+/// A Couchbase cluster for one test: a real one when
+/// `URUTAU_TEST_COUCHBASE_URL` is set (`_USER`, `_PASSWORD`), otherwise
+/// gocaves, Couchbase's own mock cluster for SDK testing (built by
+/// tests/harness/gocaves-build from its Go module and our small patch),
+/// started for the test and stopped when dropped. Documents are read back
+/// by the official Python SDK (tests/harness/couchbase.py). gocaves
+/// accepts durability levels without enforcing them, has no query service
+/// and keeps everything in memory: crash tests kill urutau, not the mock.
+pub struct Couchbase {
+    pub connstr: String,
+    pub user: String,
+    pub password: String,
+    python: std::path::PathBuf,
+    /// The mock's directory, while this test runs one.
+    mock: Option<std::path::PathBuf>,
+}
+
+impl Couchbase {
+    pub fn start(python: &std::path::Path, dir: &std::path::Path) -> Couchbase {
+        if let Ok(url) = std::env::var("URUTAU_TEST_COUCHBASE_URL") {
+            return Couchbase {
+                connstr: url,
+                user: std::env::var("URUTAU_TEST_COUCHBASE_USER").unwrap_or_default(),
+                password: std::env::var("URUTAU_TEST_COUCHBASE_PASSWORD").unwrap_or_default(),
+                python: python.to_path_buf(),
+                mock: None,
+            };
+        }
+        let mut cmd = std::process::Command::new(python);
+        cmd.arg(harness_script("couchbase.py"))
+            .args(["start", "--dir"])
+            .arg(dir);
+        if let Ok(bin) = std::env::var("URUTAU_TEST_GOCAVES") {
+            cmd.args(["--bin", &bin]);
+        }
+        let out = cmd.output().expect("python runs");
+        assert!(
+            out.status.success(),
+            "the Couchbase mock (gocaves) did not start (it needs Go to build: tests/harness/gocaves-build): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let info: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("the harness prints JSON");
+        Couchbase {
+            connstr: info["connstr"].as_str().unwrap().to_string(),
+            user: info["username"].as_str().unwrap().to_string(),
+            password: info["password"].as_str().unwrap().to_string(),
+            python: python.to_path_buf(),
+            mock: Some(dir.to_path_buf()),
+        }
+    }
+
+    /// The sink options that reach this cluster, for `bucket`.
+    pub fn sink_options(&self, bucket: &str) -> String {
+        format!(
+            "uri = '{}', bucket = '{bucket}', username = '{}', password = '{}'",
+            self.connstr, self.user, self.password
+        )
+    }
+
+    /// The documents of `keys` in `bucket`.`scope`.`collection`, as the
+    /// Python SDK reads them (`null`: no such document).
+    pub fn get(
+        &self,
+        bucket: &str,
+        scope: &str,
+        collection: &str,
+        keys: &[String],
+    ) -> std::collections::BTreeMap<String, serde_json::Value> {
+        use std::io::Write;
+        let mut child = std::process::Command::new(&self.python)
+            .arg(harness_script("couchbase.py"))
+            .args(["get", "--connstr", &self.connstr, "--username", &self.user])
+            .args(["--password", &self.password, "--bucket", bucket])
+            .args(["--scope", scope, "--collection", collection])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python runs");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(serde_json::to_string(keys).unwrap().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "the Python SDK could not read {bucket}.{scope}.{collection}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("the reader prints JSON")
+    }
+
+    /// Stops the mock (a server lost mid-run).
+    pub fn stop(&mut self) {
+        if let Some(dir) = self.mock.take() {
+            let out = std::process::Command::new(&self.python)
+                .arg(harness_script("couchbase.py"))
+                .args(["stop", "--dir"])
+                .arg(&dir)
+                .output()
+                .expect("python runs");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+impl Drop for Couchbase {
+    fn drop(&mut self) {
+        if let Some(dir) = self.mock.take() {
+            let _ = std::process::Command::new(&self.python)
+                .arg(harness_script("couchbase.py"))
+                .args(["stop", "--dir"])
+                .arg(&dir)
+                .output();
+        }
+    }
+}

@@ -1,0 +1,695 @@
+//! The two commit modes.
+//!
+//! **fast**: the batch's documents (bounded concurrency, every write at the
+//! configured durability), then the control document. A crash between the
+//! two leaves the position behind; the restart replays the batch, and the
+//! replay is idempotent: every document is keyed (by key, coordinate, or
+//! position and index) and a removal of a document already gone succeeds.
+//!
+//! **atomic**: a journal, with the control document as the commit record.
+//! 1. Stage: the batch's new bodies (and removals) are written into journal
+//!    documents `_urutau::journal::<owner>::<batch>::<chunk>` — never into
+//!    the data documents, so an uncommitted batch leaves no trace a reader
+//!    or a restart could take for data.
+//! 2. Commit: one CAS-guarded write of the control document sets the
+//!    position, the batch number and `pending` (the journal's batch and
+//!    chunk count). This write is the commit point.
+//! 3. Apply: the documents are written as in fast mode.
+//! 4. The previous batch's journal is removed (it is superseded).
+//!
+//! A restart ([`recover`]) applies the journal `pending` names again
+//! (idempotent, so it does not matter how far step 3 got) and removes what
+//! a crash left of other batches' journals, before the position is read.
+//! So after recovery the control document never names a position whose
+//! data is not all in place, and a batch that never reached step 2 has
+//! changed nothing. Plain readers see the old bodies until step 3 reaches
+//! their document, as with Couchbase's own transactions for
+//! non-transactional reads. This is the sink's own protocol on KV
+//! operations (the Rust SDK 1.1 has no transactions); it does not
+//! interoperate with SDK transactions.
+//!
+//! Why a journal rather than staging in each document's extended
+//! attributes: staging a new document in an xattr creates the document
+//! (an empty body plain readers would see) — the SDK 1.1 cannot create it
+//! as a tombstone — and a restart would have to find every staged document
+//! without a query service. The journal touches no data document before
+//! the commit point, costs one write per chunk rather than one per
+//! document, and is found from the control document alone.
+//!
+//! The CAS on the control document serializes every writer of the table:
+//! a partitioned table's owners (workers > 1) each keep their own mark
+//! under `owners` and rewrite only it, re-reading on a CAS mismatch, so no
+//! owner loses another's position. The owners of a batch commit side by
+//! side.
+
+use std::hash::BuildHasher;
+
+use couchbase::collection::Collection;
+use couchbase::error::ErrorKind;
+use couchbase::options::kv_options::{InsertOptions, RemoveOptions, ReplaceOptions, UpsertOptions};
+use futures::{StreamExt, TryStreamExt, stream};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use urutau_planner::sink::{SinkBatch, SinkError};
+use urutau_planner::spec::WriteMode;
+use urutau_planner::target::{ColumnOrigin, TargetTable};
+
+use super::control::{CONTROL_KEY, Control, Pending};
+use super::document::{self, Column};
+use super::{Config, TableState};
+
+/// Couchbase's longest document key, in bytes.
+const MAX_KEY_BYTES: usize = 250;
+/// A journal chunk holds at most this many documents ...
+const CHUNK_DOCS: usize = 1000;
+/// ... and at most about this many bytes of bodies.
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// A step of the atomic protocol at which a test stops a commit, leaving
+/// the cluster as a crash there would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    /// After some of the journal's chunks are written, before the commit
+    /// record.
+    AfterStaging,
+    /// After the commit record, before any document is applied.
+    AfterCommitRecord,
+    /// After about half of the documents are applied.
+    MidApply,
+}
+
+/// One document write: a body to put under `key`, or its removal.
+#[derive(Debug, Clone)]
+pub struct Doc {
+    pub key: String,
+    pub body: Option<Vec<u8>>,
+}
+
+/// The batch's documents, in the batch's order.
+pub fn documents(
+    target: &TargetTable,
+    batch: &SinkBatch,
+    state: &TableState,
+) -> Result<Vec<Doc>, SinkError> {
+    let rows = batch.rows.num_rows();
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    let columns: Vec<Column<'_>> = target
+        .columns
+        .iter()
+        .zip(batch.rows.columns())
+        .map(|(c, array)| Column {
+            name: &c.name,
+            array,
+            ty: &c.ty,
+        })
+        .collect();
+    let pick = |names: &[&str]| -> Vec<Column<'_>> {
+        names
+            .iter()
+            .filter_map(|n| columns.iter().find(|c| c.name == *n))
+            .map(|c| Column { ..*c })
+            .collect()
+    };
+    let keys = match target.mode {
+        WriteMode::Upsert | WriteMode::AppendIdempotent => {
+            let by = pick(&target.order_columns());
+            document::key_texts(&by, rows).map_err(|e| {
+                SinkError::Rejected(format!(
+                    "table {}: row {} of the batch: key column {}: {}",
+                    state.name, e.row, e.column, e.cause
+                ))
+            })?
+        }
+        WriteMode::Append => {
+            // The position this batch follows, and the change's index.
+            let after = state.control.resume(target.workers).unwrap_or_default();
+            let after = serde_json::to_string(&after).expect("a string serializes");
+            (0..rows).map(|i| format!("[{after},{i}]")).collect()
+        }
+    };
+    if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
+        return Err(SinkError::Rejected(format!(
+            "table {}: document key {k} is {} bytes; Couchbase keys are at most {MAX_KEY_BYTES}",
+            state.name,
+            k.len()
+        )));
+    }
+    let (data, metadata): (Vec<_>, Vec<_>) = target
+        .columns
+        .iter()
+        .zip(columns.iter())
+        .partition(|(t, _)| t.origin == ColumnOrigin::Data);
+    let data: Vec<Column<'_>> = data.into_iter().map(|(_, c)| Column { ..*c }).collect();
+    let metadata: Vec<Column<'_>> = metadata.into_iter().map(|(_, c)| Column { ..*c }).collect();
+    let removes = target.mode == WriteMode::Upsert;
+    let bodies = document::bodies(&data, &metadata, rows, |r| {
+        !(removes && batch.deletes.value(r))
+    })
+    .map_err(|e| {
+        SinkError::Rejected(format!(
+            "table {}: document {}: column {}: {}",
+            state.name, keys[e.row], e.column, e.cause
+        ))
+    })?;
+    Ok(keys
+        .into_iter()
+        .zip(bodies)
+        .map(|(key, body)| Doc { key, body })
+        .collect())
+}
+
+/// Reads the control document (and its CAS); a table that has none has
+/// committed nothing. Also the probe that the collection takes requests.
+pub async fn read_control(
+    config: &Config,
+    coll: &Collection,
+    table: &str,
+) -> Result<(Control, Option<u64>), SinkError> {
+    let got = config
+        .calls
+        .run("read the control document", table, || async {
+            match coll.get(CONTROL_KEY, None).await {
+                Ok(r) => Ok(Some((r.content_as_raw().0.to_vec(), r.cas()))),
+                Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+    match got {
+        None => Ok((Control::default(), None)),
+        Some((body, cas)) => serde_json::from_slice(&body)
+            .map(|c| (c, Some(cas)))
+            .map_err(|e| {
+                SinkError::Io(format!(
+                    "couchbase: table {table}: the control document {CONTROL_KEY} is not urutau's ({e}); remove it or use another collection"
+                ))
+            }),
+    }
+}
+
+/// Writes (or removes) every document, `concurrency` at a time.
+async fn write_all(
+    config: &Config,
+    coll: &Collection,
+    table: &str,
+    docs: &[Doc],
+) -> Result<(), SinkError> {
+    // Collected first: a stream over a borrowing closure is not Send.
+    let writes: Vec<_> = docs
+        .iter()
+        .map(|d| write_one(config, coll, table, d))
+        .collect();
+    stream::iter(writes)
+        .buffer_unordered(config.concurrency)
+        .try_collect::<()>()
+        .await
+}
+
+async fn write_one(
+    config: &Config,
+    coll: &Collection,
+    table: &str,
+    doc: &Doc,
+) -> Result<(), SinkError> {
+    match &doc.body {
+        Some(body) => config
+            .calls
+            .run("upsert", table, || {
+                coll.upsert_raw(
+                    &doc.key,
+                    body,
+                    JSON_FLAGS,
+                    UpsertOptions::new().durability_level(config.durability.clone()),
+                )
+            })
+            .await
+            .map(drop),
+        None => {
+            config
+                .calls
+                .run("remove", table, || async {
+                    match coll
+                        .remove(
+                            &doc.key,
+                            RemoveOptions::new().durability_level(config.durability.clone()),
+                        )
+                        .await
+                    {
+                        // A replay removes what is already gone.
+                        Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(()),
+                        r => r.map(drop),
+                    }
+                })
+                .await
+        }
+    }
+    .map_err(|e| with_key(e, &doc.key))
+}
+
+fn with_key(e: SinkError, key: &str) -> SinkError {
+    match e {
+        SinkError::Io(m) => SinkError::Io(format!("{m} (document {key})")),
+        other => other,
+    }
+}
+
+/// The common flags of a JSON document.
+const JSON_FLAGS: u32 = 0x0200_0000;
+
+/// fast: the documents, then the control document.
+pub async fn fast(
+    config: &Config,
+    s: &mut TableState,
+    docs: Vec<Doc>,
+    position: &str,
+) -> Result<(), SinkError> {
+    write_all(config, &s.collection, &s.name, &docs).await?;
+    let before = s.control.mark.text();
+    s.control.mark.set(position);
+    if docs.is_empty() && s.control.mark.text() == before {
+        return Ok(());
+    }
+    let body = s.control.to_json();
+    let r = config
+        .calls
+        .run("write the control document", &s.name, || {
+            s.collection.upsert_raw(
+                CONTROL_KEY,
+                &body,
+                JSON_FLAGS,
+                UpsertOptions::new().durability_level(config.durability.clone()),
+            )
+        })
+        .await?;
+    s.cas = Some(r.cas());
+    Ok(())
+}
+
+/// The owner of a key in a partitioned table.
+fn owner_of(key: &str, workers: u32) -> u32 {
+    let h = foldhash::fast::FixedState::with_seed(0x75727574).hash_one(key);
+    (h % workers as u64) as u32
+}
+
+fn journal_key(owner: Option<u32>, batch: u64, chunk: u32) -> String {
+    let o = owner.map_or_else(|| "t".to_string(), |o| o.to_string());
+    format!("_urutau::journal::{o}::{batch}::{chunk}")
+}
+
+/// atomic: stage, commit record, apply, drop the superseded journal; the
+/// owners of a partitioned table side by side.
+pub async fn atomic(
+    config: &Config,
+    s: &mut TableState,
+    target: &TargetTable,
+    docs: Vec<Doc>,
+    position: &str,
+    mut fault: Option<FaultPoint>,
+) -> Result<(), SinkError> {
+    if target.workers <= 1 {
+        let batch = s.control.mark.batch + 1;
+        let (control, cas) = commit_owner(
+            config,
+            &s.collection,
+            &s.name,
+            None,
+            batch,
+            docs,
+            position,
+            fault,
+            (s.control.clone(), s.cas),
+        )
+        .await?;
+        s.control = control;
+        s.cas = Some(cas);
+        return Ok(());
+    }
+    let batch = s
+        .control
+        .owners
+        .values()
+        .map(|m| m.batch)
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let mut parts: Vec<Vec<Doc>> = (0..target.workers).map(|_| Vec::new()).collect();
+    for d in docs {
+        parts[owner_of(&d.key, target.workers) as usize].push(d);
+    }
+    let known = (s.control.clone(), s.cas);
+    let commits = parts.into_iter().enumerate().map(|(o, part)| {
+        commit_owner(
+            config,
+            &s.collection,
+            &s.name,
+            Some(o as u32),
+            batch,
+            part,
+            position,
+            fault.take(),
+            known.clone(),
+        )
+    });
+    let results = futures::future::join_all(commits).await;
+    // The newest control document any owner saw last.
+    let mut newest: Option<(Control, u64)> = None;
+    for r in results {
+        let (c, cas) = r?;
+        let seen = c.owners.values().map(|m| m.batch).sum::<u64>();
+        if newest
+            .as_ref()
+            .is_none_or(|(n, _)| n.owners.values().map(|m| m.batch).sum::<u64>() <= seen)
+        {
+            newest = Some((c, cas));
+        }
+    }
+    if let Some((c, cas)) = newest {
+        s.control = c;
+        s.cas = Some(cas);
+    }
+    Ok(())
+}
+
+/// One owner's (or an unpartitioned table's) atomic commit. Returns the
+/// control document as written, with its CAS.
+#[allow(clippy::too_many_arguments)]
+async fn commit_owner(
+    config: &Config,
+    coll: &Collection,
+    table: &str,
+    owner: Option<u32>,
+    batch: u64,
+    docs: Vec<Doc>,
+    position: &str,
+    fault: Option<FaultPoint>,
+    known: (Control, Option<u64>),
+) -> Result<(Control, u64), SinkError> {
+    let injected = |p: FaultPoint| SinkError::Io(format!("injected fault {p:?} (a test)"));
+    // 1. Stage.
+    let chunks = journal_chunks(&docs);
+    let staged = if fault == Some(FaultPoint::AfterStaging) {
+        chunks.len().div_ceil(2).max(1).min(chunks.len())
+    } else {
+        chunks.len()
+    };
+    let writes = chunks[..staged]
+        .iter()
+        .enumerate()
+        .map(|(c, body)| {
+            let key = journal_key(owner, batch, c as u32);
+            async move {
+                config
+                    .calls
+                    .run("stage a journal chunk", table, || {
+                        coll.upsert_raw(
+                            &key,
+                            body,
+                            JSON_FLAGS,
+                            UpsertOptions::new().durability_level(config.durability.clone()),
+                        )
+                    })
+                    .await
+                    .map(drop)
+            }
+        })
+        .collect::<Vec<_>>();
+    stream::iter(writes)
+        .buffer_unordered(config.concurrency)
+        .try_collect::<()>()
+        .await?;
+    if fault == Some(FaultPoint::AfterStaging) {
+        return Err(injected(FaultPoint::AfterStaging));
+    }
+    // 2. The commit record.
+    let mut superseded = None;
+    let (control, cas) = update_control(config, coll, table, known, |c| {
+        let m = c.owner_mut(owner);
+        if m.batch != batch {
+            superseded = m.pending.clone();
+        }
+        m.set(position);
+        m.batch = batch;
+        m.pending = Some(Pending {
+            batch,
+            chunks: chunks.len() as u32,
+            documents: docs.len() as u64,
+        });
+    })
+    .await?;
+    if fault == Some(FaultPoint::AfterCommitRecord) {
+        return Err(injected(FaultPoint::AfterCommitRecord));
+    }
+    // 3. Apply.
+    if fault == Some(FaultPoint::MidApply) {
+        write_all(config, coll, table, &docs[..docs.len() / 2]).await?;
+        return Err(injected(FaultPoint::MidApply));
+    }
+    write_all(config, coll, table, &docs).await?;
+    // 4. The superseded journal.
+    if let Some(p) = superseded {
+        remove_journal(config, coll, table, owner, p.batch, Some(p.chunks)).await?;
+    }
+    Ok((control, cas))
+}
+
+/// The journal's chunk bodies: `{"batch": n, "entries": [[key, body|null], ...]}`.
+fn journal_chunks(docs: &[Doc]) -> Vec<Vec<u8>> {
+    let mut chunks = Vec::new();
+    let mut cur: Vec<u8> = Vec::new();
+    let mut n = 0;
+    let close = |cur: &mut Vec<u8>, chunks: &mut Vec<Vec<u8>>| {
+        cur.extend_from_slice(b"]}");
+        chunks.push(std::mem::take(cur));
+    };
+    for d in docs {
+        if n == CHUNK_DOCS || cur.len() >= CHUNK_BYTES {
+            close(&mut cur, &mut chunks);
+            n = 0;
+        }
+        if n == 0 {
+            cur.extend_from_slice(b"{\"entries\":[");
+        } else {
+            cur.push(b',');
+        }
+        cur.push(b'[');
+        serde_json::to_writer(&mut cur, &d.key).expect("a string serializes");
+        cur.push(b',');
+        match &d.body {
+            Some(b) => cur.extend_from_slice(b),
+            None => cur.extend_from_slice(b"null"),
+        }
+        cur.push(b']');
+        n += 1;
+    }
+    if n > 0 {
+        close(&mut cur, &mut chunks);
+    }
+    chunks
+}
+
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(borrow)]
+    entries: Vec<(String, Option<&'a RawValue>)>,
+}
+
+/// Rewrites the control document with `change` applied, guarded by CAS:
+/// on a mismatch (another writer of the table) it is read again and the
+/// change applied to what is there.
+async fn update_control(
+    config: &Config,
+    coll: &Collection,
+    table: &str,
+    known: (Control, Option<u64>),
+    mut change: impl FnMut(&mut Control),
+) -> Result<(Control, u64), SinkError> {
+    let (mut current, mut cas) = known;
+    for _ in 0..1000 {
+        let mut next = current.clone();
+        change(&mut next);
+        let body = next.to_json();
+        let written = config
+            .calls
+            .run("write the commit record", table, || async {
+                let r = match cas {
+                    Some(cas) => {
+                        coll.replace_raw(
+                            CONTROL_KEY,
+                            &body,
+                            JSON_FLAGS,
+                            ReplaceOptions::new()
+                                .cas(cas)
+                                .durability_level(config.durability.clone()),
+                        )
+                        .await
+                    }
+                    None => {
+                        coll.insert_raw(
+                            CONTROL_KEY,
+                            &body,
+                            JSON_FLAGS,
+                            InsertOptions::new().durability_level(config.durability.clone()),
+                        )
+                        .await
+                    }
+                };
+                match r {
+                    Ok(r) => Ok(Some(r.cas())),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            ErrorKind::CasMismatch
+                                | ErrorKind::DocumentExists
+                                | ErrorKind::DocumentNotFound
+                        ) =>
+                    {
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        match written {
+            Some(new_cas) => return Ok((next, new_cas)),
+            None => {
+                (current, cas) = read_control(config, coll, table).await?;
+            }
+        }
+    }
+    Err(SinkError::Io(format!(
+        "couchbase: table {table}: the control document kept changing under the commit (1000 CAS mismatches)"
+    )))
+}
+
+/// Removes a batch's journal chunks: `chunks` of them, or when unknown
+/// every chunk from 0 until one is missing.
+async fn remove_journal(
+    config: &Config,
+    coll: &Collection,
+    table: &str,
+    owner: Option<u32>,
+    batch: u64,
+    chunks: Option<u32>,
+) -> Result<(), SinkError> {
+    let mut c = 0u32;
+    loop {
+        if chunks.is_some_and(|n| c >= n) {
+            return Ok(());
+        }
+        let key = journal_key(owner, batch, c);
+        let existed = config
+            .calls
+            .run("remove a journal chunk", table, || async {
+                match coll.remove(&key, None).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        if !existed && chunks.is_none() {
+            return Ok(());
+        }
+        c += 1;
+    }
+}
+
+/// A restart in atomic mode: applies the committed batch of every owner
+/// again and removes what a crash left of other journals.
+pub async fn recover(config: &Config, s: &mut TableState, workers: u32) -> Result<(), SinkError> {
+    let owners: Vec<Option<u32>> = if workers <= 1 {
+        vec![None]
+    } else {
+        (0..workers).map(Some).collect()
+    };
+    for owner in owners {
+        let mark = s.control.owner(owner).cloned().unwrap_or_default();
+        if let Some(p) = &mark.pending {
+            let mut docs = Vec::with_capacity(p.documents as usize);
+            for c in 0..p.chunks {
+                let key = journal_key(owner, p.batch, c);
+                let body = config
+                    .calls
+                    .run("read a journal chunk", &s.name, || async {
+                        match s.collection.get(&key, None).await {
+                            Ok(r) => Ok(Some(r.content_as_raw().0.to_vec())),
+                            Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(None),
+                            Err(e) => Err(e),
+                        }
+                    })
+                    .await?
+                    .ok_or_else(|| {
+                        SinkError::Io(format!(
+                            "couchbase: table {}: journal chunk {key} of committed batch {} is missing; the collection was changed by someone else",
+                            s.name, p.batch
+                        ))
+                    })?;
+                let chunk: Chunk<'_> = serde_json::from_slice(&body).map_err(|e| {
+                    SinkError::Io(format!(
+                        "couchbase: table {}: journal chunk {key} is not urutau's: {e}",
+                        s.name
+                    ))
+                })?;
+                docs.extend(chunk.entries.into_iter().map(|(key, body)| Doc {
+                    key,
+                    body: body.map(|b| b.get().as_bytes().to_vec()),
+                }));
+            }
+            write_all(config, &s.collection, &s.name, &docs).await?;
+            tracing::info!(table = %s.name, batch = p.batch, documents = docs.len(), "applied the committed batch's journal again (recovery)");
+            // A crash may have left the superseded journal ...
+            if p.batch > 1 {
+                remove_journal(config, &s.collection, &s.name, owner, p.batch - 1, None).await?;
+            }
+        }
+        // ... and a batch staged but never committed.
+        remove_journal(config, &s.collection, &s.name, owner, mark.batch + 1, None).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_chunks_parse_back_into_their_documents() {
+        let docs: Vec<Doc> = (0..2500)
+            .map(|i| Doc {
+                key: format!("[{i}]"),
+                body: (i % 3 != 0).then(|| format!("{{\"id\":{i},\"s\":\"é\\\"\"}}").into_bytes()),
+            })
+            .collect();
+        let chunks = journal_chunks(&docs);
+        assert_eq!(chunks.len(), 3);
+        let mut back = Vec::new();
+        for c in &chunks {
+            let chunk: Chunk<'_> = serde_json::from_slice(c).unwrap();
+            back.extend(
+                chunk
+                    .entries
+                    .into_iter()
+                    .map(|(k, b)| (k, b.map(|b| b.get().to_string()))),
+            );
+        }
+        assert_eq!(back.len(), docs.len());
+        for (d, (k, b)) in docs.iter().zip(back) {
+            assert_eq!(d.key, k);
+            assert_eq!(
+                d.body.as_deref().map(|b| std::str::from_utf8(b).unwrap()),
+                b.as_deref()
+            );
+        }
+        assert!(journal_chunks(&[]).is_empty());
+    }
+
+    #[test]
+    fn owners_split_keys_stably() {
+        let a: Vec<u32> = (0..100).map(|i| owner_of(&format!("[{i}]"), 2)).collect();
+        let b: Vec<u32> = (0..100).map(|i| owner_of(&format!("[{i}]"), 2)).collect();
+        assert_eq!(a, b);
+        assert!(a.contains(&0) && a.contains(&1));
+    }
+}

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Test harness for the Couchbase sink: a local gocaves mock cluster
+(Couchbase's own mock for SDK testing, built by ./gocaves-build from the Go
+module plus our small patch gocaves.patch), and the official Couchbase Python
+SDK (PyPI `couchbase`) as the independent reader.
+
+  couchbase.py start --dir D [--bin PATH] [--timeout S]
+      -> starts `gocaves --mock-only` detached (own process group), logs in D,
+         prints one JSON line {"connstr", "pid", "username", "password"}
+  couchbase.py stop --dir D
+      -> kills the process group from D/pid (SIGKILL: all state is in memory);
+         idempotent
+  couchbase.py get    CONN < ["k1", "k2"]       -> {"k1": doc-or-null, ...}
+  couchbase.py upsert CONN < {"k1": doc, ...}   -> {"k1": cas, ...}
+  couchbase.py remove CONN < ["k1", "k2"]       -> {"k1": true|false, ...}
+      CONN = --connstr C --username U --password P --bucket B
+             [--scope S] [--collection X] [--timeout S]
+      (scope and collection default to _default; they must already exist).
+
+gocaves listens on random 127.0.0.1 ports: 2 nodes, buckets `default`
+(1 replica) and `memd`, user Administrator/password. It has no query service,
+so documents are read by key only.  Dependencies: Python 3 stdlib; the
+`couchbase` package for get/upsert/remove.
+"""
+import argparse
+import base64
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# This file is named like the SDK's package: keep its directory off the import
+# path so that `import couchbase` finds the SDK, not this script.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+USERNAME = "Administrator"
+PASSWORD = "password"
+CONNSTR_RE = re.compile(r'\{"connstr":\s*"([^"]+)"\}')
+
+
+def fail(msg):
+    print(f"couchbase harness: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def tail(path, n=30):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+def read_cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def alive(pid):
+    """True while pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def is_gocaves(pid):
+    cmd = read_cmdline(pid)
+    return bool(cmd) and b"gocaves" in os.path.basename(cmd[0]) and b"--mock-only" in cmd
+
+
+def kv_hosts(connstr):
+    """[(host, port)] from couchbase://h1:p1,h2:p2 (default KV port 11210)."""
+    rest = connstr.split("://", 1)[-1].split("?", 1)[0]
+    out = []
+    for part in rest.split(","):
+        host, _, port = part.strip().rpartition(":")
+        out.append((host or part, int(port) if port.isdigit() else 11210))
+    return out
+
+
+def find_bin(explicit):
+    if explicit:
+        return os.path.abspath(explicit)
+    try:
+        res = subprocess.run([os.path.join(HERE, "gocaves-build")], stdout=subprocess.PIPE, check=True)
+    except subprocess.CalledProcessError as e:
+        fail(f"gocaves-build failed (exit {e.returncode}); see its messages above")
+    return res.stdout.decode().strip().splitlines()[-1]
+
+
+def cmd_start(args):
+    d = os.path.abspath(args.dir)
+    os.makedirs(d, exist_ok=True)
+    pidfile = os.path.join(d, "pid")
+    if os.path.exists(pidfile):
+        try:
+            old = int(open(pidfile).read().strip())
+        except ValueError:
+            old = 0
+        if old and alive(old) and is_gocaves(old):
+            fail(f"gocaves already running from {d} (pid {old}); run `stop --dir {d}` first")
+        os.remove(pidfile)
+    binary = find_bin(args.bin)
+    if not os.access(binary, os.X_OK):
+        fail(f"gocaves binary not found or not executable: {binary}")
+    out_log, err_log = os.path.join(d, "gocaves.out"), os.path.join(d, "gocaves.err")
+    t0 = time.monotonic()
+    with open(out_log, "wb") as out, open(err_log, "wb") as err:
+        proc = subprocess.Popen([binary, "--mock-only"], cwd=d, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=err, start_new_session=True, close_fds=True)
+
+    def give_up(msg):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        fail(f"{msg}\n--- tail of {err_log} ---\n{tail(err_log)}--- tail of {out_log} ---\n{tail(out_log)}")
+
+    deadline = t0 + args.timeout
+    connstr = None
+    while connstr is None:
+        m = CONNSTR_RE.search(tail(err_log, 200))
+        if m:
+            connstr = m.group(1)
+            break
+        if proc.poll() is not None:
+            give_up(f"gocaves exited with status {proc.returncode} before printing its connstr")
+        if time.monotonic() > deadline:
+            give_up(f"gocaves printed no connstr within {args.timeout:.0f} s")
+        time.sleep(0.05)
+    host, port = kv_hosts(connstr)[0]
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            break
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            give_up(f"gocaves exited with status {proc.returncode} before its KV port {port} accepted")
+        if time.monotonic() > deadline:
+            give_up(f"gocaves KV port {host}:{port} did not accept a connection within {args.timeout:.0f} s")
+        time.sleep(0.05)
+    with open(pidfile + ".tmp", "w") as f:
+        f.write(f"{proc.pid}\n")
+    os.replace(pidfile + ".tmp", pidfile)
+    print(f"couchbase harness: gocaves pid {proc.pid} ready in {time.monotonic() - t0:.2f} s: {connstr}",
+          file=sys.stderr)
+    print(json.dumps({"connstr": connstr, "pid": proc.pid, "username": USERNAME, "password": PASSWORD}),
+          flush=True)
+
+
+def cmd_stop(args):
+    d = os.path.abspath(args.dir)
+    pidfile = os.path.join(d, "pid")
+    try:
+        pid = int(open(pidfile).read().strip())
+    except (OSError, ValueError):
+        return  # not running (or already stopped)
+    if alive(pid) and is_gocaves(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if alive(pid):
+            fail(f"gocaves pid {pid} still alive 10 s after SIGKILL")
+    os.remove(pidfile)
+
+
+# --- the independent reader: the official Couchbase Python SDK -------------
+
+def watchdog(seconds):
+    """The SDK may block in C++ code; make sure the CLI never hangs a test."""
+    def expire():
+        print(f"couchbase harness: gave up after {seconds:.0f} s (watchdog)", file=sys.stderr, flush=True)
+        os._exit(3)
+    t = threading.Timer(seconds, expire)
+    t.daemon = True
+    t.start()
+
+
+def open_collection(args):
+    from datetime import timedelta
+    from couchbase.auth import PasswordAuthenticator
+    from couchbase.cluster import Cluster
+    from couchbase.options import ClusterOptions, ClusterTimeoutOptions, WaitUntilReadyOptions
+    from couchbase.diagnostics import ServiceType
+
+    timeout = timedelta(seconds=args.timeout)
+    opts = ClusterOptions(PasswordAuthenticator(args.username, args.password),
+                          timeout_options=ClusterTimeoutOptions(connect_timeout=timeout,
+                                                                bootstrap_timeout=timeout))
+    try:
+        cluster = Cluster(args.connstr, opts)
+    except Exception as e:
+        fail(f"cannot connect to {args.connstr}: {e!r}")
+    try:
+        cluster.wait_until_ready(timeout, WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
+    except Exception as e:
+        fail(f"cluster {args.connstr} not ready within {args.timeout:.0f} s: {e!r}")
+    # The 4.x Bucket has no wait_until_ready: opening it waits for the bucket
+    # and times out when the bucket does not exist.
+    try:
+        bucket = cluster.bucket(args.bucket)
+    except Exception as e:
+        fail(f"bucket {args.bucket!r} could not be opened (does it exist?): {e!r}")
+    return bucket.scope(args.scope).collection(args.collection)
+
+
+def explain(e, args):
+    """A clearer message for an unknown scope/collection (the SDK just times out)."""
+    text = repr(e)
+    if "collection_outdated" in text or "collection_not_found" in text.lower():
+        return (f"collection {args.scope}.{args.collection} of bucket {args.bucket!r} "
+                f"is unknown to the server (does it exist?): {text}")
+    return text
+
+
+def read_stdin(kind):
+    try:
+        data = json.load(sys.stdin)
+    except json.JSONDecodeError as e:
+        fail(f"stdin is not JSON: {e}")
+    if not isinstance(data, kind) or (kind is list and not all(isinstance(k, str) for k in data)):
+        fail("stdin must be a JSON array of string keys" if kind is list else
+             "stdin must be a JSON object {key: document}")
+    return data
+
+
+def decode(coll, key, result):
+    """The document as JSON: content_as[dict], else the raw bytes parsed as JSON."""
+    try:
+        return result.content_as[dict]
+    except Exception:
+        pass
+    from couchbase.exceptions import ValueFormatException
+    from couchbase.options import GetOptions
+    from couchbase.transcoder import RawBinaryTranscoder, RawJSONTranscoder
+    try:
+        raw = coll.get(key, GetOptions(transcoder=RawJSONTranscoder())).value
+    except ValueFormatException:
+        raw = coll.get(key, GetOptions(transcoder=RawBinaryTranscoder())).value
+    if isinstance(raw, str):
+        raw = raw.encode()
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"$binary_base64": base64.b64encode(raw).decode()}
+
+
+def cmd_get(args):
+    from couchbase.exceptions import DocumentNotFoundException
+    keys = read_stdin(list)
+    coll = open_collection(args)
+    out = {}
+    for k in keys:
+        try:
+            out[k] = decode(coll, k, coll.get(k))
+        except DocumentNotFoundException:
+            out[k] = None
+        except Exception as e:
+            fail(f"get {k!r}: {explain(e, args)}")
+    print(json.dumps(out, ensure_ascii=False), flush=True)
+
+
+def cmd_upsert(args):
+    docs = read_stdin(dict)
+    coll = open_collection(args)
+    out = {}
+    for k, doc in docs.items():
+        try:
+            out[k] = coll.upsert(k, doc).cas
+        except Exception as e:
+            fail(f"upsert {k!r}: {explain(e, args)}")
+    print(json.dumps(out), flush=True)
+
+
+def cmd_remove(args):
+    from couchbase.exceptions import DocumentNotFoundException
+    keys = read_stdin(list)
+    coll = open_collection(args)
+    out = {}
+    for k in keys:
+        try:
+            coll.remove(k)
+            out[k] = True
+        except DocumentNotFoundException:
+            out[k] = False
+        except Exception as e:
+            fail(f"remove {k!r}: {explain(e, args)}")
+    print(json.dumps(out), flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--bin", help="gocaves binary (default: built/found by ./gocaves-build)")
+    s.add_argument("--timeout", type=float, default=60.0)
+    s.set_defaults(func=cmd_start)
+    s = sub.add_parser("stop")
+    s.add_argument("--dir", required=True)
+    s.set_defaults(func=cmd_stop)
+    for name, func in (("get", cmd_get), ("upsert", cmd_upsert), ("remove", cmd_remove)):
+        s = sub.add_parser(name)
+        s.add_argument("--connstr", required=True)
+        s.add_argument("--username", default=USERNAME)
+        s.add_argument("--password", default=PASSWORD)
+        s.add_argument("--bucket", required=True)
+        s.add_argument("--scope", default="_default")
+        s.add_argument("--collection", default="_default")
+        s.add_argument("--timeout", type=float, default=30.0, help="connect/ready timeout, seconds")
+        s.set_defaults(func=func, sdk=True)
+    args = p.parse_args(argv)
+    if getattr(args, "sdk", False):
+        watchdog(args.timeout * 2 + 60)
+        try:
+            import couchbase  # noqa: F401
+        except ImportError:
+            fail("the Couchbase Python SDK is missing: pip install -r tests/harness/requirements.txt "
+                 "(couchbase==4.6.3), or run with the venv python from tests/harness/setup")
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
