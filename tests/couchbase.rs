@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
 use common::Couchbase;
+use common::conformance::{self, SinkUnderTest};
 use common::workload::{COLUMNS, Row, workload, write_lines};
 use serde_json::{Value, json};
 use urutau_planner::sink::{Sink, SinkBatch};
@@ -53,113 +54,122 @@ CREATE TABLE cb.items WITH (primary_key = 'id'{route}) AS SELECT *, _op AS op FR
     p
 }
 
-/// The op of the change that produced each key's final image.
-fn last_ops(lines: &[String]) -> BTreeMap<i64, &'static str> {
-    let mut ops = BTreeMap::new();
-    for l in lines {
-        let v: Value = serde_json::from_str(l).unwrap();
-        if let Some(id) = v["after"]["id"].as_i64() {
-            let op = if v["op"] == "u" { "update" } else { "insert" };
-            ops.insert(id, op);
-        }
-    }
-    ops
+/// The conformance suite's view of one bucket of the cluster.
+struct UnderTest<'a> {
+    cb: &'a Couchbase,
+    bucket: String,
+    /// Sink options besides the connection (`, commit_mode = 'atomic'`).
+    sink: &'static str,
+    route: &'static str,
 }
 
-fn all_keys() -> Vec<String> {
-    (1..=KEYS).map(|id| format!("[{id}]")).collect()
+impl UnderTest<'_> {
+    fn control(&self, collection: &str) -> Value {
+        let mut c = self
+            .cb
+            .get(&self.bucket, "_default", collection, &[CONTROL.into()]);
+        c.remove(CONTROL).unwrap()
+    }
 }
 
-/// Every key's document equals the oracle (live keys present and equal,
-/// deleted keys absent), `_urutau` holding the change's op.
-fn assert_equals_oracle(
-    docs: &BTreeMap<String, Value>,
-    state: &BTreeMap<i64, Row>,
-    ops: &BTreeMap<i64, &str>,
-) {
-    let mut problems = Vec::new();
-    for id in 1..=KEYS {
-        let got = &docs[&format!("[{id}]")];
-        match state.get(&id) {
-            None if !got.is_null() => problems.push(format!("key {id} should be gone: {got}")),
-            None => {}
-            Some(row) => {
-                let mut want = row.source.clone();
-                want["_urutau"] = json!({"op": ops[&id]});
-                if *got != want {
-                    problems.push(format!("key {id}:\n  read {got}\n  want {want}"));
-                }
-            }
-        }
+impl SinkUnderTest for UnderTest<'_> {
+    fn create_sink(&self) -> String {
+        format!(
+            "CREATE SINK s INTO couchbase WITH ({}{});",
+            self.cb.sink_options(&self.bucket),
+            self.sink
+        )
     }
-    assert!(
-        problems.is_empty(),
-        "{} differences, first: {:#?}",
-        problems.len(),
-        &problems[..problems.len().min(5)]
-    );
+    fn route_options(&self) -> String {
+        self.route.into()
+    }
+    fn selected_metadata(&self) -> &'static str {
+        ", _op AS op"
+    }
+    async fn rows(&self, table: &str, keys: i64) -> Vec<Value> {
+        let ids: Vec<String> = (1..=keys).map(|id| format!("[{id}]")).collect();
+        let docs = self.cb.get(&self.bucket, "_default", table, &ids);
+        let mut rows: Vec<Value> = docs.into_values().filter(|d| !d.is_null()).collect();
+        rows.sort_by_key(|r| r["id"].as_i64());
+        rows
+    }
+    fn expected(&self, row: &Row, op: &str) -> Value {
+        let mut want = row.source.clone();
+        want["_urutau"] = json!({ "op": op });
+        want
+    }
+    async fn position(&self, table: &str) -> Option<String> {
+        let c = self.control(table);
+        let owner = &c["owners"]["0"]["position"];
+        c["position"]
+            .as_str()
+            .filter(|p| !p.is_empty())
+            .or(owner.as_str())
+            .map(str::to_string)
+    }
+    fn checks_schema(&self) -> bool {
+        false
+    }
 }
 
 /// The seeded stream, killed with SIGKILL five times, then run to the
-/// end; then a re-run, which must write nothing.
-fn oracle_run(seed: u64, sink: &str, route: &str) -> (Couchbase, tempfile::TempDir, Value) {
+/// end and again (the conformance suite's oracle run).
+async fn oracle_run(
+    seed: u64,
+    sink: &'static str,
+    route: &'static str,
+) -> (Couchbase, tempfile::TempDir, Value) {
     let python = python();
     let dir = tempfile::tempdir().unwrap();
     let cb = Couchbase::start(&python, &dir.path().join("cb"));
-    let data = dir.path().join("changes.jsonl");
-    let (lines, state) = workload(seed, 30_000, KEYS);
-    write_lines(&data, &lines);
-    let bucket = format!("t{seed}");
-    let p = pipeline(dir.path(), &data, &cb, &bucket, sink, route);
-    common::kill_9_runs(&p, seed, 5, 1200..2200);
-    // The kills landed mid-stream: something was committed, not all.
-    let end = std::fs::metadata(&data).unwrap().len().to_string();
-    let killed = cb.get(&bucket, "_default", "items", &[CONTROL.to_string()]);
-    let at = killed[CONTROL]["position"].as_str().map(str::to_string);
-    let at = at.or_else(|| {
-        killed[CONTROL]["owners"]["0"]["position"]
-            .as_str()
-            .map(str::to_string)
-    });
-    eprintln!("after the kills: {at:?} of {end}");
-    assert!(
-        at.as_ref().is_some_and(|p| *p != end),
-        "after the kills: {at:?} of {end}"
-    );
-    common::run_to_end(&p);
-
-    let mut keys = all_keys();
-    keys.push(CONTROL.into());
-    let docs = cb.get(&bucket, "_default", "items", &keys);
-    assert_equals_oracle(&docs, &state, &last_ops(&lines));
-    let control = docs[CONTROL].clone();
-
-    // A re-run commits nothing: the control document is not rewritten.
-    common::run_to_end(&p);
-    let again = cb.get(&bucket, "_default", "items", &[CONTROL.to_string()]);
+    let s = UnderTest {
+        cb: &cb,
+        bucket: format!("t{seed}"),
+        sink,
+        route,
+    };
+    let run = conformance::kill_9_oracle(&s, dir.path(), seed, 60_000, KEYS, 1500..3500).await;
+    // The re-run did not even rewrite the control document.
+    let control = s.control("items");
+    common::run_to_end(&run.pipeline);
     assert_eq!(
-        again[CONTROL], control,
+        s.control("items"),
+        control,
         "a re-run rewrote the control document"
     );
-    (
-        cb,
-        dir,
-        json!({"control": control, "end": end, "bucket": bucket}),
-    )
+    let r = json!({"control": control, "end": run.end, "bucket": s.bucket});
+    (cb, dir, r)
 }
 
-#[test]
-fn fast_commits_through_kill_9_end_equal_to_the_oracle() {
-    let (_cb, _dir, r) = oracle_run(1301, "", "");
+#[tokio::test]
+async fn the_conformance_contract_holds_in_both_modes() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let cb = Couchbase::start(&python, &dir.path().join("cb"));
+    for (bucket, sink) in [("cfast", ""), ("catomic", ", commit_mode = 'atomic'")] {
+        let s = UnderTest {
+            cb: &cb,
+            bucket: bucket.into(),
+            sink,
+            route: "",
+        };
+        conformance::contract(&s).await;
+        let c = s.control("contract");
+        assert_eq!(c["position"], "300", "{c}");
+    }
+}
+
+#[tokio::test]
+async fn fast_commits_through_kill_9_end_equal_to_the_oracle() {
+    let (_cb, _dir, r) = oracle_run(1301, "", "").await;
     assert_eq!(r["control"]["position"], r["end"], "{r}");
     assert!(r["control"]["updated_at"].as_str().unwrap().ends_with('Z'));
 }
 
-#[test]
-fn atomic_commits_through_kill_9_end_equal_to_the_oracle() {
-    let (cb, _dir, r) = oracle_run(1302, ", commit_mode = 'atomic'", "");
+#[tokio::test]
+async fn atomic_commits_through_kill_9_end_equal_to_the_oracle() {
+    let (cb, _dir, r) = oracle_run(1302, ", commit_mode = 'atomic'", "").await;
     let c = &r["control"];
-    assert_eq!(c["position"], r["end"], "{r}");
     let batch = c["batch"].as_u64().unwrap();
     assert!(batch > 10, "{c}");
     assert_eq!(c["pending"]["batch"], batch, "{c}");
@@ -177,9 +187,9 @@ fn atomic_commits_through_kill_9_end_equal_to_the_oracle() {
     assert!(docs[&journal(batch + 1)].is_null(), "{docs:?}");
 }
 
-#[test]
-fn two_atomic_writers_of_one_table_keep_both_positions() {
-    let (_cb, _dir, r) = oracle_run(1303, ", commit_mode = 'atomic'", ", workers = 2");
+#[tokio::test]
+async fn two_atomic_writers_of_one_table_keep_both_positions() {
+    let (_cb, _dir, r) = oracle_run(1303, ", commit_mode = 'atomic'", ", workers = 2").await;
     let owners = &r["control"]["owners"];
     for o in ["0", "1"] {
         assert_eq!(owners[o]["position"], r["end"], "owner {o}: {r}");
@@ -272,8 +282,15 @@ CREATE TABLE cb.items WITH (primary_key = 'id') AS SELECT * FROM src.items;",
         assert!(err.to_string().contains("injected fault"), "{err}");
         drop(sink);
 
-        // The restart.
-        let sink = CouchbaseSink::new(&spec).unwrap();
+        // The restart; after the last fault in fast mode, which must finish
+        // the atomic commit too (and clear its record).
+        let restart_spec = if point == FaultPoint::MidApply {
+            let fast = text.replace("commit_mode = 'atomic'", "commit_mode = 'fast'");
+            common::plan_sql(&fast).await.unwrap().spec.sinks[0].clone()
+        } else {
+            spec.clone()
+        };
+        let sink = CouchbaseSink::new(&restart_spec).unwrap();
         let resumed = sink.committed_position(&target).await.unwrap();
         let mut read = cb.get(&bucket, "_default", "items", &keys);
         read.retain(|k, _| k != CONTROL);
@@ -305,6 +322,20 @@ CREATE TABLE cb.items WITH (primary_key = 'id') AS SELECT * FROM src.items;",
         assert!(d.is_empty(), "{point:?}: {d:#?}");
         let control = cb.get(&bucket, "_default", "items", &[CONTROL.into()]);
         assert_eq!(control[CONTROL]["position"], "p2", "{point:?}");
+        if point == FaultPoint::MidApply {
+            let c = &control[CONTROL];
+            assert!(
+                c["pending"].is_null(),
+                "a fast restart left the commit record: {c}"
+            );
+            let j = cb.get(
+                &bucket,
+                "_default",
+                "items",
+                &["_urutau::journal::t::2::0".into()],
+            );
+            assert!(j.values().all(Value::is_null), "{j:?}");
+        }
     }
 }
 
@@ -397,4 +428,150 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         !stderr.contains("password"),
         "the password was printed: {stderr}"
     );
+}
+
+/// append-idempotent: one document per change, keyed by its coordinate
+/// (file, 0, the line's byte offset), so the replay that follows a forced
+/// rollback of the position overwrites instead of duplicating.
+#[test]
+fn append_idempotent_keys_each_change_by_its_coordinate() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let cb = Couchbase::start(&python, &dir.path().join("cb"));
+    let data = dir.path().join("changes.jsonl");
+    let (lines, _) = workload(1306, 3_000, 300);
+    write_lines(&data, &lines);
+    let text = format!(
+        "CREATE PIPELINE it WITH (max_batch_rows = 100, progress_interval = '1h');
+CREATE SOURCE src FROM file WITH (path = '{}');
+CREATE SINK cb INTO couchbase WITH ({});
+CREATE TABLE src.items ({COLUMNS});
+CREATE TABLE cb.log WITH (write_mode = 'append-idempotent') AS
+  SELECT id, name, _stream, _shard, _sequence, _op AS op FROM src.items;
+",
+        data.display(),
+        cb.sink_options("idem")
+    );
+    let p = dir.path().join("p.sql");
+    std::fs::write(&p, text).unwrap();
+    common::run_to_end(&p);
+
+    let mut offset = 0u64;
+    let mut middle = 0u64;
+    let mut expected = BTreeMap::new();
+    for (i, l) in lines.iter().enumerate() {
+        if i == lines.len() / 2 {
+            middle = offset;
+        }
+        let v: Value = serde_json::from_str(l).unwrap();
+        let image = if v["op"] == "d" {
+            &v["before"]
+        } else {
+            &v["after"]
+        };
+        let op = match v["op"].as_str().unwrap() {
+            "u" => "update",
+            "d" => "delete",
+            _ => "insert",
+        };
+        expected.insert(
+            format!("[\"changes.jsonl\",0,{offset}]"),
+            json!({"id": image["id"], "name": image["name"],
+                   "_urutau": {"_stream": "changes.jsonl", "_shard": 0, "_sequence": offset, "op": op}}),
+        );
+        offset += l.len() as u64 + 1;
+    }
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    let check = || {
+        let read = cb.get("idem", "_default", "log", &keys);
+        let d = diff(&read, &expected);
+        assert!(
+            d.is_empty(),
+            "{} of {} differ: {:#?}",
+            d.len(),
+            keys.len(),
+            &d[..d.len().min(5)]
+        );
+    };
+    check();
+    let end = offset.to_string();
+    let control = cb.get("idem", "_default", "log", &[CONTROL.into()]);
+    assert_eq!(control[CONTROL]["position"], end.as_str());
+
+    // Roll the position back to the middle: the replay lands on the same keys.
+    set_control(&cb, "idem", "log", json!({"position": middle.to_string()}));
+    let out = common::run_to_end(&p);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains(&format!("resuming route=cb.log position={middle}")),
+        "{log}"
+    );
+    check();
+    let control = cb.get("idem", "_default", "log", &[CONTROL.into()]);
+    assert_eq!(control[CONTROL]["position"], end.as_str());
+}
+
+/// Overwrites a collection's control document (a forced rollback).
+fn set_control(cb: &Couchbase, bucket: &str, collection: &str, doc: Value) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(python())
+        .arg(common::harness_script("couchbase.py"))
+        .args(["upsert", "--connstr", &cb.connstr, "--username", &cb.user])
+        .args([
+            "--password",
+            &cb.password,
+            "--bucket",
+            bucket,
+            "--collection",
+            collection,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(json!({ CONTROL: doc }).to_string().as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// append: one document per change, keyed by the position the batch
+/// follows and the change's index in the batch; deletes are appended too.
+#[tokio::test]
+async fn append_keys_changes_by_the_position_they_follow() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let cb = Couchbase::start(&python, &dir.path().join("cb"));
+    let text = format!(
+        "CREATE PIPELINE a;
+CREATE SOURCE src FROM file WITH (path = 'x.jsonl');
+CREATE SINK cb INTO couchbase WITH ({});
+CREATE TABLE src.items (id BIGINT NOT NULL, name VARCHAR, PRIMARY KEY (id));
+CREATE TABLE cb.items WITH (write_mode = 'append') AS SELECT * FROM src.items;",
+        cb.sink_options("append")
+    );
+    let plan = common::plan_sql(&text)
+        .await
+        .unwrap_or_else(|d| panic!("{}", common::show(&d)));
+    let sink = CouchbaseSink::new(&plan.spec.sinks[0]).unwrap();
+    let target = plan.routes[0].target.clone();
+    sink.ensure_table(&target).await.unwrap();
+    sink.commit(&target, &batch(&[(1, Some("a")), (1, Some("b"))]), "p1")
+        .await
+        .unwrap();
+    // A delete of an append route carries its before image.
+    let mut del = batch(&[(1, Some("b"))]);
+    del.deletes = BooleanArray::from(vec![true]);
+    sink.commit(&target, &del, "p2").await.unwrap();
+    let keys: Vec<String> = ["[\"\",0]", "[\"\",1]", "[\"p1\",0]", "[\"p1\",1]"]
+        .map(String::from)
+        .to_vec();
+    let read = cb.get("append", "_default", "items", &keys);
+    assert_eq!(read[&keys[0]], json!({"id": 1, "name": "a"}));
+    assert_eq!(read[&keys[1]], json!({"id": 1, "name": "b"}));
+    assert_eq!(read[&keys[2]], json!({"id": 1, "name": "b"}));
+    assert!(read[&keys[3]].is_null(), "{read:?}");
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod conformance;
 pub mod workload;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -52,6 +52,9 @@ fn is_connection_text(m: &str) -> bool {
         "reset",
         "eof",
         "closed",
+        "cancel",
+        "timeout",
+        "timed out",
     ]
     .iter()
     .any(|w| m.contains(w))
@@ -71,7 +74,7 @@ pub fn explain(e: &CbError, bucket: &str) -> String {
             format!("{e}: the document is larger than Couchbase allows (20 MiB)")
         }
         ErrorKind::AuthenticationFailure => {
-            format!("{e}: check username and password (the password is not shown)")
+            format!("{e}: check the username and its credentials (never shown)")
         }
         ErrorKind::BucketNotFound => format!("{e}: bucket `{bucket}` does not exist"),
         _ => e.to_string(),

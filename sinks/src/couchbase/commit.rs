@@ -56,10 +56,12 @@ use urutau_planner::target::{ColumnOrigin, TargetTable};
 
 use super::control::{CONTROL_KEY, Control, Pending};
 use super::document::{self, Column};
-use super::{Config, TableState};
+use super::{CommitMode, Config, TableState};
 
 /// Couchbase's longest document key, in bytes.
 const MAX_KEY_BYTES: usize = 250;
+/// Couchbase's largest document, in bytes.
+const MAX_DOCUMENT_BYTES: usize = 20 << 20;
 /// A journal chunk holds at most this many documents ...
 const CHUNK_DOCS: usize = 1000;
 /// ... and at most about this many bytes of bodies.
@@ -124,8 +126,8 @@ pub fn documents(
         }
         WriteMode::Append => {
             // The position this batch follows, and the change's index.
-            let after = state.control.resume(target.workers).unwrap_or_default();
-            let after = serde_json::to_string(&after).expect("a string serializes");
+            let after =
+                append_key_prefix(&state.control.resume(target.workers).unwrap_or_default());
             (0..rows).map(|i| format!("[{after},{i}]")).collect()
         }
     };
@@ -153,11 +155,35 @@ pub fn documents(
             state.name, keys[e.row], e.column, e.cause
         ))
     })?;
+    if let Some((k, b)) = keys.iter().zip(&bodies).find_map(|(k, b)| {
+        b.as_ref()
+            .filter(|b| b.len() > MAX_DOCUMENT_BYTES)
+            .map(|b| (k, b))
+    }) {
+        return Err(SinkError::Rejected(format!(
+            "table {}: document {k} is {} bytes; Couchbase documents are at most {MAX_DOCUMENT_BYTES}",
+            state.name,
+            b.len()
+        )));
+    }
     Ok(keys
         .into_iter()
         .zip(bodies)
         .map(|(key, body)| Doc { key, body })
         .collect())
+}
+
+/// The first element of an append route's document keys: the position
+/// the batch follows as a JSON string, or — when that would make keys
+/// longer than Couchbase allows (many Kafka partitions, a snapshot's key)
+/// — `"h:"` and its name-based UUID (SHA-1), which is as deterministic.
+fn append_key_prefix(mark: &str) -> String {
+    let text = serde_json::to_string(mark).expect("a string serializes");
+    if text.len() + 24 <= MAX_KEY_BYTES {
+        return text;
+    }
+    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, mark.as_bytes());
+    format!("\"h:{}\"", id.simple())
 }
 
 /// Reads the control document (and its CAS); a table that has none has
@@ -308,6 +334,22 @@ pub async fn atomic(
     position: &str,
     mut fault: Option<FaultPoint>,
 ) -> Result<(), SinkError> {
+    if docs.is_empty() {
+        let mut probe = s.control.clone();
+        let owners: Vec<Option<u32>> = match target.workers {
+            0 | 1 => vec![None],
+            n => (0..n).map(Some).collect(),
+        };
+        let unchanged = owners.iter().all(|o| {
+            let m = probe.owner_mut(*o);
+            let before = m.text();
+            m.set(position);
+            m.text() == before
+        });
+        if unchanged {
+            return Ok(());
+        }
+    }
     if target.workers <= 1 {
         let batch = s.control.mark.batch + 1;
         let (control, cas) = commit_owner(
@@ -394,31 +436,22 @@ async fn commit_owner(
     } else {
         chunks.len()
     };
-    let writes = chunks[..staged]
-        .iter()
-        .enumerate()
-        .map(|(c, body)| {
-            let key = journal_key(owner, batch, c as u32);
-            async move {
-                config
-                    .calls
-                    .run("stage a journal chunk", table, || {
-                        coll.upsert_raw(
-                            &key,
-                            body,
-                            JSON_FLAGS,
-                            UpsertOptions::new().durability_level(config.durability.clone()),
-                        )
-                    })
-                    .await
-                    .map(drop)
-            }
-        })
-        .collect::<Vec<_>>();
-    stream::iter(writes)
-        .buffer_unordered(config.concurrency)
-        .try_collect::<()>()
-        .await?;
+    // In chunk order, one at a time: what a crash leaves of a journal is
+    // always a prefix 0..k, so a probe from chunk 0 finds all of it.
+    for (c, body) in chunks[..staged].iter().enumerate() {
+        let key = journal_key(owner, batch, c as u32);
+        config
+            .calls
+            .run("stage a journal chunk", table, || {
+                coll.upsert_raw(
+                    &key,
+                    body,
+                    JSON_FLAGS,
+                    UpsertOptions::new().durability_level(config.durability.clone()),
+                )
+            })
+            .await?;
+    }
     if fault == Some(FaultPoint::AfterStaging) {
         return Err(injected(FaultPoint::AfterStaging));
     }
@@ -454,7 +487,9 @@ async fn commit_owner(
     Ok((control, cas))
 }
 
-/// The journal's chunk bodies: `{"batch": n, "entries": [[key, body|null], ...]}`.
+/// The journal's chunk bodies: `{"entries": [[key, body|null], ...]}`, each
+/// at most [`CHUNK_BYTES`] unless one document alone is larger (documents
+/// are at most [`MAX_DOCUMENT_BYTES`]).
 fn journal_chunks(docs: &[Doc]) -> Vec<Vec<u8>> {
     let mut chunks = Vec::new();
     let mut cur: Vec<u8> = Vec::new();
@@ -464,7 +499,8 @@ fn journal_chunks(docs: &[Doc]) -> Vec<Vec<u8>> {
         chunks.push(std::mem::take(cur));
     };
     for d in docs {
-        if n == CHUNK_DOCS || cur.len() >= CHUNK_BYTES {
+        let size = d.key.len() + d.body.as_ref().map_or(4, Vec::len) + 8;
+        if n == CHUNK_DOCS || (n > 0 && cur.len() + size > CHUNK_BYTES) {
             close(&mut cur, &mut chunks);
             n = 0;
         }
@@ -563,8 +599,9 @@ async fn update_control(
     )))
 }
 
-/// Removes a batch's journal chunks: `chunks` of them, or when unknown
-/// every chunk from 0 until one is missing.
+/// Removes a batch's journal chunks, the last first (so what a crash
+/// leaves is still a prefix): `chunks` of them, or when unknown every chunk
+/// of the prefix that exists.
 async fn remove_journal(
     config: &Config,
     coll: &Collection,
@@ -573,37 +610,64 @@ async fn remove_journal(
     batch: u64,
     chunks: Option<u32>,
 ) -> Result<(), SinkError> {
-    let mut c = 0u32;
-    loop {
-        if chunks.is_some_and(|n| c >= n) {
-            return Ok(());
-        }
+    let exists = |c: u32| {
         let key = journal_key(owner, batch, c);
-        let existed = config
+        async move {
+            config
+                .calls
+                .run("look for a journal chunk", table, || async {
+                    match coll.get(&key, None).await {
+                        Ok(_) => Ok(true),
+                        Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                })
+                .await
+        }
+    };
+    let count = match chunks {
+        Some(n) => n,
+        None => {
+            let mut n = 0;
+            while exists(n).await? {
+                n += 1;
+            }
+            n
+        }
+    };
+    for c in (0..count).rev() {
+        let key = journal_key(owner, batch, c);
+        config
             .calls
             .run("remove a journal chunk", table, || async {
                 match coll.remove(&key, None).await {
-                    Ok(_) => Ok(true),
-                    Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(false),
-                    Err(e) => Err(e),
+                    Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(()),
+                    r => r.map(drop),
                 }
             })
             .await?;
-        if !existed && chunks.is_none() {
-            return Ok(());
-        }
-        c += 1;
     }
+    Ok(())
 }
 
-/// A restart in atomic mode: applies the committed batch of every owner
-/// again and removes what a crash left of other journals.
-pub async fn recover(config: &Config, s: &mut TableState, workers: u32) -> Result<(), SinkError> {
+/// A restart, in either mode: checks that the table's owners are the
+/// route's, applies the committed batch of every owner again and removes
+/// what a crash left of other journals. A fast sink then clears the
+/// commit records (an atomic run of the table before it left them), so a
+/// later atomic run never applies an old journal over newer data.
+pub async fn recover(
+    config: &Config,
+    s: &mut TableState,
+    workers: u32,
+    mode: CommitMode,
+) -> Result<(), SinkError> {
+    check_owners(&s.control, workers, &s.name)?;
     let owners: Vec<Option<u32>> = if workers <= 1 {
         vec![None]
     } else {
         (0..workers).map(Some).collect()
     };
+    let mut applied = Vec::new();
     for owner in owners {
         let mark = s.control.owner(owner).cloned().unwrap_or_default();
         if let Some(p) = &mark.pending {
@@ -643,11 +707,63 @@ pub async fn recover(config: &Config, s: &mut TableState, workers: u32) -> Resul
             if p.batch > 1 {
                 remove_journal(config, &s.collection, &s.name, owner, p.batch - 1, None).await?;
             }
+            applied.push((owner, p.clone()));
         }
         // ... and a batch staged but never committed.
         remove_journal(config, &s.collection, &s.name, owner, mark.batch + 1, None).await?;
     }
+    if mode == CommitMode::Fast && !applied.is_empty() {
+        let known = (s.control.clone(), s.cas);
+        let (control, cas) = update_control(config, &s.collection, &s.name, known, |c| {
+            for (owner, _) in &applied {
+                c.owner_mut(*owner).pending = None;
+            }
+        })
+        .await?;
+        s.control = control;
+        s.cas = Some(cas);
+        for (owner, p) in &applied {
+            remove_journal(
+                config,
+                &s.collection,
+                &s.name,
+                *owner,
+                p.batch,
+                Some(p.chunks),
+            )
+            .await?;
+        }
+    }
     Ok(())
+}
+
+/// A table written with another number of workers cannot resume safely:
+/// an owner the route no longer has could be behind, and its changes would
+/// be skipped.
+fn check_owners(c: &Control, workers: u32, table: &str) -> Result<(), SinkError> {
+    let found: Vec<&str> = c.owners.keys().map(String::as_str).collect();
+    let same = if workers > 1 {
+        // Owners may be added (a new owner resumes from the start); none
+        // may be dropped, and no unpartitioned mark may be left behind.
+        let unpartitioned = !c.mark.position.is_empty() || c.mark.pending.is_some();
+        !unpartitioned
+            && found
+                .iter()
+                .all(|o| o.parse::<u32>().is_ok_and(|o| o < workers))
+    } else {
+        found.is_empty()
+    };
+    if same {
+        return Ok(());
+    }
+    let had = if found.is_empty() {
+        "1 worker".to_string()
+    } else {
+        format!("owners {}", found.join(", "))
+    };
+    Err(SinkError::TableMismatch(format!(
+        "{table}: the control document {CONTROL_KEY} holds the positions of {had}, and the route has workers = {workers}; changing the number of workers of a table needs a fresh collection (or the earlier workers setting)"
+    )))
 }
 
 #[cfg(test)]
@@ -683,6 +799,49 @@ mod tests {
             );
         }
         assert!(journal_chunks(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_changed_number_of_workers_is_refused() {
+        let mut two = Control::default();
+        two.owner_mut(Some(0)).set("5");
+        two.owner_mut(Some(1)).set("4");
+        assert!(check_owners(&two, 2, "t").is_ok());
+        assert!(check_owners(&two, 3, "t").is_ok(), "an owner may be added");
+        let e = check_owners(&two, 1, "t").unwrap_err().to_string();
+        assert!(
+            e.contains("owners 0, 1") && e.contains("workers = 1"),
+            "{e}"
+        );
+        assert!(check_owners(&two, 1, "t").is_err());
+        let mut one = Control::default();
+        one.mark.set("5");
+        assert!(check_owners(&one, 1, "t").is_ok());
+        let e = check_owners(&one, 2, "t").unwrap_err().to_string();
+        assert!(e.contains("1 worker"), "{e}");
+        let mut three = two.clone();
+        three.owner_mut(Some(2)).set("3");
+        assert!(
+            check_owners(&three, 2, "t").is_err(),
+            "owner 2 would be dropped"
+        );
+        assert!(check_owners(&Control::default(), 4, "t").is_ok());
+    }
+
+    #[test]
+    fn long_marks_make_short_deterministic_append_keys() {
+        assert_eq!(append_key_prefix("4096"), "\"4096\"");
+        let long = format!(
+            "orders:{}",
+            (0..60)
+                .map(|p| format!("p{p}=123456"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let k = append_key_prefix(&long);
+        assert_eq!(k, append_key_prefix(&long));
+        assert!(k.starts_with("\"h:") && k.len() < 40, "{k}");
+        assert_ne!(k, append_key_prefix(&format!("{long}0")));
     }
 
     #[test]

@@ -375,9 +375,7 @@ impl Sink for CouchbaseSink {
             control,
             cas,
         };
-        if self.config.mode == CommitMode::Atomic {
-            commit::recover(&self.config, &mut state, target.workers).await?;
-        }
+        commit::recover(&self.config, &mut state, target.workers, self.config.mode).await?;
         self.tables
             .lock()
             .await
