@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use common::conformance::{self, SinkUnderTest};
 use common::workload::{COLUMNS, Row, differences, workload, write_lines};
 use serde_json::{Value, json};
 
@@ -398,39 +399,57 @@ async fn a_created_catalog_uses_wal_and_an_existing_one_keeps_its_mode() {
     assert!(loc.is_some(), "the existing catalog holds the new table");
 }
 
-/// The acceptance suite: a seeded random change stream (50k changes over
-/// 5k keys), the pipeline killed with SIGKILL at random moments five times,
-/// then run to the end; DuckDB's read equals the oracle.
+/// The conformance suite's view of one catalog (tables in `bronze`), read
+/// by DuckDB.
+struct UnderTest<'a> {
+    python: &'a Path,
+    catalog: &'a Catalog<'a>,
+    /// Sink options besides the catalog's (maintenance).
+    extra: &'a str,
+}
+
+impl SinkUnderTest for UnderTest<'_> {
+    fn create_sink(&self) -> String {
+        format!(
+            "CREATE SINK s INTO iceberg WITH (\n  {}, namespace = 'bronze'{}\n);",
+            self.catalog.sink_options(),
+            self.extra
+        )
+    }
+    async fn rows(&self, table: &str, _keys: i64) -> Vec<Value> {
+        self.catalog
+            .rows(self.python, &format!("bronze.{table}"), "id")
+            .await
+    }
+    fn expected(&self, row: &Row, _op: &str) -> Value {
+        row.read.clone()
+    }
+    async fn position(&self, table: &str) -> Option<String> {
+        let md = self.catalog.metadata(&format!("bronze.{table}")).await;
+        md["properties"]["cdc.position"]
+            .as_str()
+            .map(str::to_string)
+    }
+}
+
+/// The acceptance suite: the conformance suite's seeded stream (50k
+/// changes over 5k keys, killed with SIGKILL five times, then run to the
+/// end, DuckDB's read equal to the oracle), and what Iceberg adds: every
+/// snapshot carries the position, the property is the newest one, and a
+/// re-run makes no metadata version.
 async fn random_changes_with_kill_9(
     python: &Path,
     dir: &Path,
     catalog: &Catalog<'_>,
     sink_options: &str,
 ) {
-    let data = dir.join("changes.jsonl");
-    let (lines, state) = workload(20261130, 50_000, 5_000);
-    write_lines(&data, &lines);
-    let p = pipeline(dir, &data, "upsert", 150, catalog);
-    let text = edit(
-        &std::fs::read_to_string(&p).unwrap(),
-        "namespace = 'bronze'",
-        &format!("namespace = 'bronze'{sink_options}"),
-    );
-    std::fs::write(&p, text).unwrap();
-
-    common::kill_9_runs(&p, 99, 5, 60..700);
-
-    run_to_end(&p);
+    let s = UnderTest {
+        python,
+        catalog,
+        extra: sink_options,
+    };
+    let run = conformance::kill_9_oracle(&s, dir, 20261130, 50_000, 5_000, 60..700).await;
     let loc = catalog.location("bronze.items").await;
-    let read = catalog.rows(python, "bronze.items", "id").await;
-    let problems = differences(&read, &expected_rows(&state));
-    assert!(
-        problems.is_empty(),
-        "{} differences, first: {:#?}",
-        problems.len(),
-        &problems[..problems.len().min(10)]
-    );
-    assert_eq!(read.len(), state.len());
 
     // Every snapshot carries the position; the property is the newest one.
     let md = catalog.metadata("bronze.items").await;
@@ -452,9 +471,24 @@ async fn random_changes_with_kill_9(
     );
 
     // Running again over committed input creates nothing.
-    run_to_end(&p);
+    run_to_end(&run.pipeline);
     let again = catalog.location("bronze.items").await;
     assert_eq!(again, loc, "a re-run over committed input must not commit");
+}
+
+#[tokio::test]
+async fn the_conformance_contract_holds() {
+    let Some(python) = common::harness_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = Catalog::Sql(dir.path());
+    let s = UnderTest {
+        python: &python,
+        catalog: &catalog,
+        extra: "",
+    };
+    conformance::contract(&s).await;
 }
 
 #[tokio::test]
