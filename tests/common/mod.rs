@@ -525,8 +525,8 @@ pub struct Couchbase {
     pub user: String,
     pub password: String,
     python: std::path::PathBuf,
-    /// The mock's directory, while this test runs one.
-    mock: Option<std::path::PathBuf>,
+    /// The mock's process (group), while this test runs one.
+    mock: Option<u64>,
 }
 
 impl Couchbase {
@@ -560,7 +560,7 @@ impl Couchbase {
             user: info["username"].as_str().unwrap().to_string(),
             password: info["password"].as_str().unwrap().to_string(),
             python: python.to_path_buf(),
-            mock: Some(dir.to_path_buf()),
+            mock: info["pid"].as_u64(),
         }
     }
 
@@ -607,15 +607,15 @@ impl Couchbase {
         serde_json::from_slice(&out.stdout).expect("the reader prints JSON")
     }
 
-    /// Stops the mock (a server lost mid-run).
+    /// Stops the mock (a server lost mid-run): its process group is
+    /// killed (it keeps everything in memory). By pid, not through its
+    /// directory, which a test may have removed already.
     pub fn stop(&mut self) {
-        if let Some(dir) = self.mock.take() {
-            let out = std::process::Command::new(&self.python)
-                .arg(harness_script("couchbase.py"))
-                .args(["stop", "--dir"])
-                .arg(&dir)
+        if let Some(pid) = self.mock.take() {
+            let out = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
                 .output()
-                .expect("python runs");
+                .expect("kill runs");
             assert!(
                 out.status.success(),
                 "{}",
@@ -627,11 +627,9 @@ impl Couchbase {
 
 impl Drop for Couchbase {
     fn drop(&mut self) {
-        if let Some(dir) = self.mock.take() {
-            let _ = std::process::Command::new(&self.python)
-                .arg(harness_script("couchbase.py"))
-                .args(["stop", "--dir"])
-                .arg(&dir)
+        if let Some(pid) = self.mock.take() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
                 .output();
         }
     }

@@ -29,7 +29,6 @@ mod layout;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use couchbase::durability_level::DurabilityLevel;
@@ -424,6 +423,3 @@ impl Sink for CouchbaseSink {
         ))
     }
 }
-
-/// The default per-attempt limit, for callers outside a pipeline.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
