@@ -117,14 +117,7 @@ fn server_cpu_seconds(server: &Server) -> f64 {
     let Some(pid) = server.pid else {
         return 0.0;
     };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
-        .sum();
-    ticks / 100.0
+    support::process_cpu_seconds(&pid.to_string())
 }
 
 /// An SDK call bounded by [`CALL_TIMEOUT`]; `what` names it in a failure.

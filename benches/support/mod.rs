@@ -184,7 +184,13 @@ pub fn table_batches(rows: usize, batch_rows: usize, tz: &str) -> Vec<RecordBatc
 /// CPU time (user + system, every thread) this process has used so far, in
 /// seconds: how much of the two cores a run took, beside its wall time.
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    process_cpu_seconds("self")
+}
+
+/// CPU seconds (user + system) process `pid` (`self`, or a number) has
+/// used so far; 0 when it cannot be read.
+pub fn process_cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces, in parentheses).
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
