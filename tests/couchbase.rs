@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::BooleanArray;
 use common::Couchbase;
-use common::conformance::{self, SinkUnderTest};
+use common::conformance::{self, SinkUnderTest, simple_batch};
 use common::workload::{COLUMNS, Row, workload, write_lines};
 use serde_json::{Value, json};
-use urutau_planner::sink::{Sink, SinkBatch};
+use urutau_planner::sink::Sink;
 use urutau_sinks::couchbase::{CouchbaseSink, FaultPoint};
 
 const KEYS: i64 = 2_000;
@@ -205,20 +205,6 @@ fn diff(read: &BTreeMap<String, Value>, want: &BTreeMap<String, Value>) -> Vec<S
         .collect()
 }
 
-/// A target of two columns and a batch of its rows (`None`: a delete).
-fn batch(rows: &[(i64, Option<&str>)]) -> SinkBatch {
-    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
-        arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, false),
-        arrow::datatypes::Field::new("name", arrow::datatypes::DataType::Utf8, true),
-    ]));
-    let ids: ArrayRef = std::sync::Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0)));
-    let names: ArrayRef = std::sync::Arc::new(StringArray::from_iter(rows.iter().map(|r| r.1)));
-    SinkBatch {
-        rows: RecordBatch::try_new(schema, vec![ids, names]).unwrap(),
-        deletes: BooleanArray::from_iter(rows.iter().map(|r| Some(r.1.is_none()))),
-    }
-}
-
 /// Each step of the atomic protocol interrupted (as a crash there would
 /// leave the cluster), then a restart: the sink ends equal to the oracle,
 /// and after recovery its control document never names a position whose
@@ -273,10 +259,12 @@ CREATE TABLE cb.items WITH (primary_key = 'id') AS SELECT * FROM src.items;",
 
         let sink = CouchbaseSink::new(&spec).unwrap();
         sink.ensure_table(&target).await.unwrap();
-        sink.commit(&target, &batch(&first), "p1").await.unwrap();
+        sink.commit(&target, &simple_batch(&first), "p1")
+            .await
+            .unwrap();
         sink.inject_fault(point);
         let err = sink
-            .commit(&target, &batch(&second), "p2")
+            .commit(&target, &simple_batch(&second), "p2")
             .await
             .unwrap_err();
         assert!(err.to_string().contains("injected fault"), "{err}");
@@ -311,7 +299,9 @@ CREATE TABLE cb.items WITH (primary_key = 'id') AS SELECT * FROM src.items;",
                     "an uncommitted journal was left: {staged:?}"
                 );
                 // The runner replays the batch.
-                sink.commit(&target, &batch(&second), "p2").await.unwrap();
+                sink.commit(&target, &simple_batch(&second), "p2")
+                    .await
+                    .unwrap();
             }
             // Committed: recovery rolled it forward before resuming.
             _ => assert_eq!(resumed.as_deref(), Some("p2"), "{point:?}"),
@@ -559,11 +549,15 @@ CREATE TABLE cb.items WITH (write_mode = 'append') AS SELECT * FROM src.items;",
     let sink = CouchbaseSink::new(&plan.spec.sinks[0]).unwrap();
     let target = plan.routes[0].target.clone();
     sink.ensure_table(&target).await.unwrap();
-    sink.commit(&target, &batch(&[(1, Some("a")), (1, Some("b"))]), "p1")
-        .await
-        .unwrap();
+    sink.commit(
+        &target,
+        &simple_batch(&[(1, Some("a")), (1, Some("b"))]),
+        "p1",
+    )
+    .await
+    .unwrap();
     // A delete of an append route carries its before image.
-    let mut del = batch(&[(1, Some("b"))]);
+    let mut del = simple_batch(&[(1, Some("b"))]);
     del.deletes = BooleanArray::from(vec![true]);
     sink.commit(&target, &del, "p2").await.unwrap();
     let keys: Vec<String> = ["[\"\",0]", "[\"\",1]", "[\"p1\",0]", "[\"p1\",1]"]

@@ -58,7 +58,9 @@ pub trait SinkUnderTest {
     }
 }
 
-fn simple_batch(rows: &[(i64, Option<&str>)]) -> SinkBatch {
+/// A batch of the contract's table (`id`, `name`): `None` is a delete
+/// (its before image named `x`).
+pub fn simple_batch(rows: &[(i64, Option<&str>)]) -> SinkBatch {
     let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
         arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, false),
         arrow::datatypes::Field::new("name", arrow::datatypes::DataType::Utf8, true),
