@@ -282,3 +282,49 @@ async fn env_values_are_read_and_remembered() {
     assert_eq!(entry.value.text, "data.jsonl");
     assert_eq!(entry.value.env.as_deref(), Some("P"));
 }
+
+/// A source table's declaration takes the kind's table options
+/// (`WITH (topic = ...)`, YAML `topic:`) and Postgres-style array types.
+#[tokio::test]
+async fn source_tables_take_options_and_array_types() {
+    let sql = "CREATE PIPELINE p;
+CREATE SOURCE k FROM kafka WITH (brokers = 'b:9092');
+CREATE SINK out INTO debug;
+CREATE TABLE k.t (id INT NOT NULL, tags TEXT[], m INT[][], PRIMARY KEY (id)) WITH (topic = 'dbz.public.t');
+CREATE TABLE out.t AS SELECT * FROM k.t;
+";
+    let spec = urutau_sql::parse_pipeline_sql(sql, "p.sql", &|_| None).unwrap();
+    let t = &spec.source_tables[0];
+    assert_eq!(t.options.get("topic"), Some("dbz.public.t"));
+    let types: Vec<String> = t.columns.iter().map(|c| c.ty.to_string()).collect();
+    assert_eq!(types, ["INT", "LIST<VARCHAR>", "LIST<LIST<INT>>"]);
+    let yaml = "pipeline: p
+source: {name: k, kind: kafka, brokers: 'b:9092'}
+sink: {name: out, type: debug}
+tables:
+  - source: t
+    target: t
+    topic: dbz.public.t
+    primaryKey: [id]
+    columns: {id: int, tags: 'text[]'}
+";
+    let spec = urutau_sql::parse_pipeline_yaml(yaml, "p.yaml", &|_| None).unwrap();
+    assert_eq!(
+        spec.source_tables[0].options.get("topic"),
+        Some("dbz.public.t")
+    );
+    // A topic without a declared table has nowhere to go.
+    let d = yaml_errors(
+        "pipeline: p
+source: {name: k, kind: kafka, brokers: 'b:9092'}
+sink: {name: out, type: debug}
+tables:
+  - {source: t, target: t, topic: x}
+",
+    );
+    assert!(
+        located(&d, 5, 28, "belongs to a declared table"),
+        "{}",
+        common::show(&d)
+    );
+}

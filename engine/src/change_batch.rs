@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, Int32Array, Int64Array, StringArray, StringBuilder,
+    ArrayRef, BinaryBuilder, BooleanBuilder, Int32Array, Int64Array, StringArray, StringBuilder,
     TimestampMicrosecondBuilder,
 };
 use urutau_planner::context;
@@ -163,6 +163,43 @@ impl CoordinateBuilder {
             Arc::new(stream.finish()),
             Arc::new(Int32Array::from(std::mem::take(&mut self.shards))),
             Arc::new(Int64Array::from(std::mem::take(&mut self.sequences))),
+        ]
+    }
+}
+
+/// One message's transport fields: its timestamp, key and headers (as a
+/// JSON object text).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MessageMeta<'a> {
+    pub ts_micros: Option<i64>,
+    pub key: Option<&'a [u8]>,
+    pub headers: Option<&'a str>,
+}
+
+/// Accumulates the message columns ([`context::MSG_TS`],
+/// [`context::MSG_KEY`], [`context::HEADERS`]) of one table's rows, for a
+/// source of messages ([`context::Transport::Full`]).
+#[derive(Debug, Default)]
+pub struct MessageBuilder {
+    ts: TimestampMicrosecondBuilder,
+    key: BinaryBuilder,
+    headers: StringBuilder,
+}
+
+impl MessageBuilder {
+    /// Appends one row's message fields.
+    pub fn append(&mut self, m: &MessageMeta<'_>) {
+        self.ts.append_option(m.ts_micros);
+        self.key.append_option(m.key);
+        self.headers.append_option(m.headers);
+    }
+
+    /// The message columns, in [`context::message_fields`] order.
+    pub fn finish(&mut self) -> Vec<ArrayRef> {
+        vec![
+            Arc::new(self.ts.finish().with_timezone(UTC)),
+            Arc::new(self.key.finish()),
+            Arc::new(self.headers.finish()),
         ]
     }
 }

@@ -43,6 +43,9 @@ pub struct SourceStatus {
     pub lag_seconds: Option<f64>,
     /// TRUNCATEs of routed tables that were ignored (`on_truncate`).
     pub truncates_ignored: u64,
+    /// Messages left out because they could not be decoded
+    /// (`on_decode_error = 'skip'`).
+    pub decode_skipped: u64,
 }
 
 /// One source table's initial snapshot, as the source copies it.
@@ -182,6 +185,15 @@ impl Metrics {
             .entry(source.to_string())
             .or_default()
             .truncates_ignored += 1;
+    }
+
+    /// A message that could not be decoded was skipped.
+    pub fn decode_skipped(&self, source: &str) {
+        self.lock()
+            .sources
+            .entry(source.to_string())
+            .or_default()
+            .decode_skipped += 1;
     }
 
     /// `/statusz`: the pipeline, its tables and sources.
@@ -354,6 +366,19 @@ impl Metrics {
                     "urutau_truncates_ignored_total{{source=\"{}\"}} {}",
                     label(n),
                     s.truncates_ignored
+                )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_decode_skipped_total",
+            "counter",
+            "Messages skipped because they could not be decoded (on_decode_error = 'skip').",
+            g.sources.iter().map(|(n, s)| {
+                format!(
+                    "urutau_decode_skipped_total{{source=\"{}\"}} {}",
+                    label(n),
+                    s.decode_skipped
                 )
             }),
         );

@@ -123,6 +123,29 @@ impl Position {
         }
     }
 
+    /// The least position at or after both (`None` when they cannot be
+    /// ordered or joined): for offsets, the per-partition maximum. What a
+    /// route holds once it has committed `other` on top of `self`.
+    pub fn join(&self, other: &Position) -> Option<Position> {
+        match (self, other) {
+            (Position::Offsets(a), Position::Offsets(b)) => {
+                let mut out = a.0.clone();
+                for (t, ps) in &b.0 {
+                    let e = out.entry(t.clone()).or_default();
+                    for (p, o) in ps {
+                        let v = e.entry(*p).or_insert(*o);
+                        *v = (*v).max(*o);
+                    }
+                }
+                Some(Position::Offsets(Offsets(out)))
+            }
+            _ => match self.partial_cmp(other)? {
+                Ordering::Less => Some(other.clone()),
+                _ => Some(self.clone()),
+            },
+        }
+    }
+
     /// The kind of this position.
     pub fn kind(&self) -> PositionKind {
         match self {
@@ -311,6 +334,24 @@ mod tests {
         let d = p(PositionKind::Offsets, "t:p0=10;u:p0=1");
         assert!(a.partial_cmp(&d).is_none());
         assert!(p(PositionKind::Offsets, "t:p0=10") < p(PositionKind::Offsets, "t:p0=10;u:p0=0"));
+    }
+
+    #[test]
+    fn join_is_the_per_partition_maximum() {
+        let a = p(PositionKind::Offsets, "t:p0=10,p1=20");
+        let b = p(PositionKind::Offsets, "t:p0=15,p1=7;u:p0=3");
+        assert_eq!(
+            a.join(&b),
+            Some(p(PositionKind::Offsets, "t:p0=15,p1=20;u:p0=3"))
+        );
+        assert_eq!(
+            p(PositionKind::Lsn, "0/10").join(&p(PositionKind::Lsn, "0/20")),
+            Some(p(PositionKind::Lsn, "0/20"))
+        );
+        assert_eq!(
+            p(PositionKind::File, "1").join(&p(PositionKind::File, "a:1")),
+            None
+        );
     }
 
     #[test]

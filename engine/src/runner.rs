@@ -27,7 +27,7 @@ use urutau_planner::plan::PipelinePlan;
 use urutau_planner::progress::{CommitMark, SnapshotProgress};
 
 use crate::batching::BatchPolicy;
-use crate::position::{Position, PositionError, min_safe};
+use crate::position::{Position, PositionError, PositionKind, min_safe};
 use crate::shutdown::Shutdown;
 use crate::sources::{self, OpenArgs, SourceBatch, position_kind};
 
@@ -492,18 +492,30 @@ async fn dispatch(
             o.snapshot = Some(progress.clone());
         }
         // Changes the sink already holds are not sent again.
+        let mut end = batch.end.clone();
+        let mut still_behind = false;
         if let Some(r) = &o.resume {
             match batch.end.partial_cmp(r) {
                 Some(Ordering::Less | Ordering::Equal) => continue,
                 Some(Ordering::Greater) => {}
-                None => {
-                    // Sending could apply changes twice, skipping could lose
-                    // them: neither is a guess to make.
-                    return Err(format!(
-                        "the source's position {} cannot be compared with the committed position {r}",
-                        batch.end
-                    ));
-                }
+                None => match batch.end.join(r) {
+                    // Offsets that diverge (the source is behind the sink
+                    // on one partition, ahead on another): the rows the sink
+                    // holds are dropped row by row below, and the route's
+                    // mark keeps the sink's offsets where they are ahead.
+                    Some(j) if batch.end.kind() == PositionKind::Offsets => {
+                        end = j;
+                        still_behind = true;
+                    }
+                    _ => {
+                        // Sending could apply changes twice, skipping could
+                        // lose them: neither is a guess to make.
+                        return Err(format!(
+                            "the source's position {} cannot be compared with the committed position {r}",
+                            batch.end
+                        ));
+                    }
+                },
             }
         }
         let rows = batch
@@ -519,7 +531,9 @@ async fn dispatch(
             (Some(b), None) => Some(b.clone()),
             (None, _) => None,
         };
-        o.resume = None;
+        if !still_behind {
+            o.resume = None;
+        }
         let send = match rows {
             Some(b) if b.num_rows() > 0 => Some(b),
             // The snapshot progress moved: commit it promptly.
@@ -531,14 +545,14 @@ async fn dispatch(
         if let Some(b) = send {
             let rb = RouteBatch {
                 batch: b,
-                end: o.mark(&batch.end),
+                end: o.mark(&end),
             };
             if sender.send(rb).await.is_err() {
                 return Ok(false);
             }
             o.sent_snapshot = o.snapshot.clone();
             o.last_sent = Instant::now();
-            o.last_end = Some(batch.end.clone());
+            o.last_end = Some(end);
         }
     }
     Ok(true)
@@ -549,18 +563,23 @@ async fn dispatch(
 async fn finish_positions(outlets: &mut [Outlet], end: &Position) {
     for o in outlets.iter_mut() {
         let Some(sender) = &o.sender else { continue };
-        let behind = match (&o.last_end, &o.resume) {
-            (_, Some(r)) => end.partial_cmp(r) == Some(Ordering::Greater),
-            (Some(last), None) => end.partial_cmp(last) == Some(Ordering::Greater),
-            (None, None) => true,
+        let target = match o.resume.as_ref().or(o.last_end.as_ref()) {
+            None => Some(end.clone()),
+            Some(held) => match end.partial_cmp(held) {
+                Some(Ordering::Greater) => Some(end.clone()),
+                Some(_) => None,
+                // Diverging offsets: the route's offsets where they are
+                // ahead, the source's elsewhere.
+                None => end.join(held).filter(|j| j != held),
+            },
         };
-        if behind {
+        if let Some(target) = target {
             let rb = RouteBatch {
                 batch: o.empty.clone(),
-                end: o.mark(end),
+                end: o.mark(&target),
             };
             if sender.send(rb).await.is_ok() {
-                o.last_end = Some(end.clone());
+                o.last_end = Some(target);
             }
         }
     }

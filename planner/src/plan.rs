@@ -34,6 +34,7 @@ use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::feed::RouteFeed;
 use crate::functions;
 use crate::logical::{ChangeFilterNode, CollapseNode, OnMiss, SinkNode, extension};
+use crate::options::OptionMap;
 use crate::options::RedactedOptions;
 use crate::physical::{ChangeFilterExec, ChangeTableProvider, CollapseExec, ScanInfo, SinkExec};
 use crate::registry::{Registry, SchemaError, SourceTableSchema};
@@ -64,6 +65,8 @@ pub struct SourcePlan {
 pub struct SourceTablePlan {
     pub table: Vec<String>,
     pub schema: SourceTableSchema,
+    /// The declaration's checked options (empty when not declared).
+    pub options: OptionMap,
     /// The change batches the source must produce for it.
     pub scan_schema: SchemaRef,
     /// Indices into [`PipelinePlan::routes`].
@@ -275,6 +278,10 @@ pub async fn plan_pipeline(
             None => source_plan.tables.push(SourceTablePlan {
                 table: route.source_table.parts.clone(),
                 schema,
+                options: spec
+                    .source_table(&route.source.name, &route.source_table.parts)
+                    .map(|t| t.options.clone())
+                    .unwrap_or_default(),
                 scan_schema: Arc::clone(&bound.scan_schema),
                 routes: vec![index],
                 before_images: needs,

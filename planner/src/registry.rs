@@ -30,6 +30,9 @@ pub struct SourceKindDef {
     /// The source carries no schema: routed tables must be declared with
     /// `CREATE TABLE source.table (...)`.
     pub declares_tables: bool,
+    /// The options a declared table of this kind takes (`CREATE TABLE
+    /// k.orders (...) WITH (topic = '...')`); empty: none.
+    pub table_options: Vec<OptionDef>,
     /// The transport context the source provides beyond the CDC columns:
     /// its coordinate (stream, shard, sequence) is what `append-idempotent`
     /// needs.

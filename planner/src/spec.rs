@@ -113,6 +113,10 @@ pub struct SourceTableSpec {
     pub table: QualifiedName,
     pub columns: Vec<ColumnSpec>,
     pub primary_key: Vec<Ident>,
+    /// `WITH (...)` of the declaration: per-table settings of the source
+    /// kind (a Kafka table's `topic`), checked against
+    /// [`SourceKindDef::table_options`](crate::registry::SourceKindDef::table_options).
+    pub options: OptionMap,
 }
 
 /// One declared source column.

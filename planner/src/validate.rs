@@ -279,6 +279,18 @@ pub fn validate(spec: &mut PipelineSpec, registry: &Registry) -> Diagnostics {
                 .with_help("remove the CREATE TABLE declaration, or CAST columns in the route"),
             );
         }
+        if let Some(p) = registry.source(&source.kind.name) {
+            check_options(
+                &mut table.options,
+                &p.def().table_options,
+                &format!(
+                    "table {}.{} of source `{}` ({})",
+                    table.source, table.table, source.name, source.kind
+                ),
+                table.table.span,
+                &mut d,
+            );
+        }
         if !declared.insert((table.source.name.clone(), table.table.parts.clone())) {
             d.push(Diagnostic::error(
                 table.table.span,

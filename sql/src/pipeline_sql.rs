@@ -168,7 +168,7 @@ fn parse_statement(
             ));
         }
         if c.eat(&Token::LParen) {
-            let table = parse_table_declaration(&mut c, name)?;
+            let table = parse_table_declaration(&mut c, name, env)?;
             spec.source_tables.push(table);
             return Ok(());
         }
@@ -187,10 +187,11 @@ fn parse_statement(
     .with_help(FORMS))
 }
 
-/// `CREATE TABLE source.table ( col type [NOT NULL] [PRIMARY KEY], ..., PRIMARY KEY (a, b) )`
+/// `CREATE TABLE source.table ( col type [NOT NULL] [PRIMARY KEY], ..., PRIMARY KEY (a, b) ) [WITH (...)]`
 fn parse_table_declaration(
     c: &mut Cursor<'_>,
     name: QualifiedName,
+    env: EnvLookup<'_>,
 ) -> Result<SourceTableSpec, Diagnostic> {
     let mut parts = name.parts.clone();
     let source = Ident::new(parts.remove(0), name.span);
@@ -251,12 +252,14 @@ fn parse_table_declaration(
         }
         c.expect(&Token::Comma)?;
     }
+    let options = c.options(env)?;
     c.expect_end()?;
     Ok(SourceTableSpec {
         source,
         table,
         columns,
         primary_key,
+        options,
     })
 }
 
@@ -280,7 +283,9 @@ fn type_text(c: &mut Cursor<'_>) -> String {
             Token::ShiftRight => depth -= 2,
             _ => {}
         }
-        if !text.is_empty() {
+        // `TEXT[]`: the array suffix stays attached to its type.
+        let suffix = matches!(t.token, Token::LBracket | Token::RBracket);
+        if !text.is_empty() && !suffix {
             text.push(' ');
         }
         text.push_str(&t.token.to_string());

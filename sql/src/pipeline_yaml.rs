@@ -343,6 +343,7 @@ impl YamlFront<'_, '_> {
             "workers",
             "onDelete",
             "createIfNotExists",
+            "topic",
         ];
         let mut source_table: Option<QualifiedName> = None;
         let mut target: Option<QualifiedName> = None;
@@ -352,6 +353,8 @@ impl YamlFront<'_, '_> {
         let mut meta: Vec<ProjectionItem> = Vec::new();
         let mut filter = None;
         let mut columns_node = None;
+        // Options of the source table's declaration (a Kafka table's topic).
+        let mut table_options = OptionMap::default();
         for (k, v) in entries {
             let key = k.as_str().unwrap_or("");
             match key {
@@ -476,6 +479,11 @@ impl YamlFront<'_, '_> {
                     }
                 }
                 "columns" => columns_node = Some(v),
+                "topic" => {
+                    if let Some(value) = self.option_value(v) {
+                        table_options.push("topic", value, k.span, v.text_span());
+                    }
+                }
                 "createIfNotExists" => {
                     // urutau always creates an absent target; refusing to
                     // would be a setting of its own, so `false` is an error.
@@ -494,6 +502,17 @@ impl YamlFront<'_, '_> {
             self.error(node.span, "a table needs `target:` (the target table)");
             return;
         };
+        if columns_node.is_none()
+            && let Some(e) = table_options.entries.first()
+        {
+            self.error(
+                e.name_span,
+                format!(
+                    "`{}` belongs to a declared table: give the table's `columns:` too",
+                    e.name
+                ),
+            );
+        }
         if let Some(columns) = columns_node {
             let cols = self.columns(columns, &key_columns);
             let primary_key = key_columns.clone();
@@ -508,12 +527,27 @@ impl YamlFront<'_, '_> {
                         format!("table {source_table} is declared twice with different columns"),
                     );
                 }
+                if existing.options != table_options
+                    && let Some(e) = table_options
+                        .entries
+                        .first()
+                        .or(existing.options.entries.first())
+                {
+                    self.error(
+                        e.name_span,
+                        format!(
+                            "table {source_table} is declared twice with different `{}`",
+                            e.name
+                        ),
+                    );
+                }
             } else {
                 spec.source_tables.push(SourceTableSpec {
                     source: source.clone(),
                     table: source_table.clone(),
                     columns: cols,
                     primary_key,
+                    options: table_options,
                 });
             }
         }

@@ -634,3 +634,218 @@ impl Drop for Couchbase {
         }
     }
 }
+
+/// A real Apache Kafka broker (one KRaft node, from Maven) started by
+/// tests/harness/kafka.py for one test, stopped when dropped; and, on
+/// request, a real Debezium (Kafka Connect standalone with the Debezium
+/// PostgreSQL connector) capturing a test's Postgres into it. Needs Java
+/// and the jars `tests/harness/kafka-fetch` gets (URUTAU_TEST_KAFKA_HOME).
+pub struct Kafka {
+    pub brokers: String,
+    python: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    connect: Option<std::path::PathBuf>,
+}
+
+impl Kafka {
+    pub fn start(python: &std::path::Path, dir: &std::path::Path) -> Kafka {
+        let dir = dir.join("kafka");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = std::process::Command::new(python)
+            .arg(harness_script("kafka.py"))
+            .args(["start", "--dir"])
+            .arg(&dir)
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "Kafka did not start (it needs Java 17 and the jars of tests/harness/kafka-fetch, which needs Maven): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let info: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("the harness prints JSON");
+        Kafka {
+            brokers: info["brokers"].as_str().unwrap().to_string(),
+            python: python.to_path_buf(),
+            dir,
+            connect: None,
+        }
+    }
+
+    /// Runs a harness command against the broker; its JSON output.
+    pub fn command(&self, args: &[&str], stdin: Option<&str>) -> String {
+        use std::io::Write;
+        let mut child = std::process::Command::new(&self.python)
+            .arg(harness_script("kafka.py"))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python runs");
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "kafka.py {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn create_topic(&self, topic: &str, partitions: usize) {
+        self.command(
+            &[
+                "create-topic",
+                "--brokers",
+                &self.brokers,
+                "--topic",
+                topic,
+                "--partitions",
+                &partitions.to_string(),
+            ],
+            None,
+        );
+    }
+
+    pub fn add_partitions(&self, topic: &str, total: usize) {
+        self.command(
+            &[
+                "add-partitions",
+                "--brokers",
+                &self.brokers,
+                "--topic",
+                topic,
+                "--total",
+                &total.to_string(),
+            ],
+            None,
+        );
+    }
+
+    /// Produces messages (`{"value", "key", "partition", "headers"}` each);
+    /// their `(partition, offset)`s.
+    pub fn produce(&self, topic: &str, messages: &[serde_json::Value]) -> Vec<(i32, i64)> {
+        let text: String = messages.iter().map(|m| format!("{m}\n")).collect();
+        let out = self.command(
+            &["produce", "--brokers", &self.brokers, "--topic", topic],
+            Some(&text),
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p[0].as_i64().unwrap() as i32, p[1].as_i64().unwrap()))
+            .collect()
+    }
+
+    /// Removes a partition's messages before `before`; the new low watermark.
+    pub fn delete_records(&self, topic: &str, partition: i32, before: i64) -> i64 {
+        let out = self.command(
+            &[
+                "delete-records",
+                "--brokers",
+                &self.brokers,
+                "--topic",
+                topic,
+                "--partition",
+                &partition.to_string(),
+                "--before",
+                &before.to_string(),
+            ],
+            None,
+        );
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["low_watermark"]
+            .as_i64()
+            .unwrap()
+    }
+
+    /// Every message value of `topic` (tombstones left out), once it holds
+    /// at least `wait_count` messages.
+    pub fn values(&self, topic: &str, wait_count: usize) -> Vec<String> {
+        self.command(
+            &[
+                "consume",
+                "--brokers",
+                &self.brokers,
+                "--topic",
+                topic,
+                "--values-only",
+                "--wait-count",
+                &wait_count.to_string(),
+            ],
+            None,
+        )
+        .lines()
+        .map(str::to_string)
+        .collect()
+    }
+
+    /// Starts Debezium capturing `tables` (`public.x`) of `pg` into topics
+    /// `prefix.public.x`, with `value.converter.schemas.enable` as given;
+    /// returns once the snapshot is in Kafka and the stream is open.
+    pub fn start_debezium(
+        &mut self,
+        pg: &Postgres,
+        slot: &str,
+        tables: &str,
+        prefix: &str,
+        schemas: bool,
+    ) {
+        let dir = self.dir.join(format!("connect-{slot}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = pg.info["port"].to_string();
+        self.command(
+            &[
+                "connect-start",
+                "--dir",
+                dir.to_str().unwrap(),
+                "--brokers",
+                &self.brokers,
+                "--pg-host",
+                "127.0.0.1",
+                "--pg-port",
+                &port,
+                "--pg-user",
+                "postgres",
+                "--pg-db",
+                "postgres",
+                "--slot",
+                slot,
+                "--publication",
+                &format!("{slot}_pub"),
+                "--tables",
+                tables,
+                "--topic-prefix",
+                prefix,
+                "--schemas-enable",
+                if schemas { "true" } else { "false" },
+            ],
+            None,
+        );
+        self.connect = Some(dir);
+    }
+}
+
+impl Drop for Kafka {
+    fn drop(&mut self) {
+        if let Some(dir) = self.connect.take() {
+            let _ = std::process::Command::new(&self.python)
+                .arg(harness_script("kafka.py"))
+                .args(["connect-stop", "--dir"])
+                .arg(&dir)
+                .args(["--grace", "0"])
+                .output();
+        }
+        let _ = std::process::Command::new(&self.python)
+            .arg(harness_script("kafka.py"))
+            .args(["stop", "--dir"])
+            .arg(&self.dir)
+            .output();
+    }
+}

@@ -2,11 +2,14 @@
 //! [`SourceProvider`](urutau_planner::registry::SourceProvider) for planning
 //! and opens a [`ChangeSource`] for running.
 
+pub mod debezium;
+pub mod decode;
 pub mod file;
+pub mod kafka;
 pub mod postgres;
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
 
 use arrow::record_batch::RecordBatch;
 use std::collections::HashMap;
@@ -14,7 +17,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use urutau_planner::plan::SourcePlan;
 use urutau_planner::progress::SnapshotProgress;
-use urutau_planner::registry::Registry;
+use urutau_planner::registry::{Registry, SourceProvider};
 
 use crate::batching::BatchPolicy;
 use crate::position::{Position, PositionKind};
@@ -86,29 +89,65 @@ pub trait ChangeSource: Send {
     }
 }
 
+/// A source kind, whole: what the planner checks its sources against (its
+/// [`SourceProvider`]), the kind of position it resumes from, and how it
+/// opens. A new kind is a new folder implementing this, listed in
+/// [`kinds`]; nothing else in the engine names it.
+pub trait SourceKind: Send + Sync {
+    /// The kind's planning side.
+    fn provider(&self) -> Arc<dyn SourceProvider>;
+    /// The positions its changes carry (and its sinks store).
+    fn position_kind(&self) -> PositionKind;
+    /// Starts reading a planned source of this kind.
+    fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError>;
+}
+
+/// Every source kind this engine runs.
+pub fn kinds() -> &'static [Arc<dyn SourceKind>] {
+    static KINDS: OnceLock<Vec<Arc<dyn SourceKind>>> = OnceLock::new();
+    KINDS.get_or_init(|| {
+        vec![
+            Arc::new(file::FileKind::new()),
+            Arc::new(postgres::PostgresKind::new()),
+            Arc::new(kafka::KafkaKind::new()),
+        ]
+    })
+}
+
+/// The source kind named `name`.
+pub fn kind(name: &str) -> Option<&'static Arc<dyn SourceKind>> {
+    kinds().iter().find(|k| k.provider().def().name == name)
+}
+
 /// Opens a source of a planned kind.
 pub fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
-    match args.plan.spec.kind.name.as_str() {
-        "file" => file::open(args),
-        "postgres" => postgres::open(args),
-        other => Err(SourceError::new(format!(
-            "source kind {other} cannot run in this build"
+    let name = args.plan.spec.kind.name.as_str();
+    match kind(name) {
+        Some(k) => k.open(args),
+        None => Err(SourceError::new(format!(
+            "source kind {name} cannot run in this build"
         ))),
     }
 }
 
 /// The position kind of a source kind.
-pub fn position_kind(kind: &str) -> Option<PositionKind> {
-    match kind {
-        "file" => Some(PositionKind::File),
-        "postgres" => Some(PositionKind::Lsn),
-        "kafka" => Some(PositionKind::Offsets),
-        _ => None,
-    }
+pub fn position_kind(kind_name: &str) -> Option<PositionKind> {
+    kind(kind_name).map(|k| k.position_kind())
 }
 
 /// Registers every source kind this engine runs.
 pub fn register(registry: &mut Registry) {
-    registry.register_source(Arc::new(file::FileSourceProvider::new()));
-    registry.register_source(postgres::provider());
+    for k in kinds() {
+        registry.register_source(k.provider());
+    }
+}
+
+/// The text a panic carried (a source thread that panicked reports it as
+/// its error, never as the end of its input).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }

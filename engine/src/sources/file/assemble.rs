@@ -10,8 +10,9 @@ use std::sync::mpsc::{Receiver, Sender};
 use tokio::sync::mpsc;
 
 use super::chunk::{Chunk, RowImage, Step};
-use super::decode::TableDecoder;
 use crate::position::{FilePosition, Position, write_file_position};
+use crate::sources::decode::TableDecoder;
+use crate::sources::panic_message;
 use crate::sources::{SourceBatch, SourceError, TableChanges};
 
 /// A routed table's name parts and decoder.
@@ -102,7 +103,7 @@ impl Assembler {
         }
         .ok_or_else(|| fail("internal: a row image is not UTF-8".to_string()))?;
         t.decoder
-            .append_row(raw, row, &chunk.stream)
+            .append_row(raw, &row.meta(&chunk.stream))
             .map_err(|e| fail(e.to_string()))?;
         if !t.decoder.undeclared.is_empty() {
             let table_name = t.table.join(".");
@@ -179,13 +180,4 @@ pub fn run_assembler(
         }
         let _ = spare.send((chunk.text, chunk.steps));
     }
-}
-
-/// The text a panic carried.
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message")
 }

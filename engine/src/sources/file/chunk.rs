@@ -13,9 +13,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::change_batch::RowKind;
+use crate::change_batch::{MessageMeta, RowKind};
 use crate::position::FilePosition;
 use crate::sources::SourceError;
+use crate::sources::debezium::ConnectFields;
+use crate::sources::decode::RowMeta;
 
 /// Lines of one file and the steps they hold.
 pub struct Chunk {
@@ -45,6 +47,8 @@ pub struct RowImage {
     /// The byte offset in the file where that line starts: the change's
     /// transport sequence.
     pub offset: u64,
+    /// The encodings of the event's schema part, if it has one.
+    pub connect: Option<Arc<ConnectFields>>,
 }
 
 /// One thing the decoding stage does.
@@ -59,6 +63,24 @@ pub enum Step {
     Take { end: FilePosition },
     /// The input is bad here: report it after everything before it.
     Fail(SourceError),
+}
+
+impl RowImage {
+    /// What the decoder needs beside the image's text: the change file's
+    /// coordinate is (`stream`, shard 0, the line's byte offset).
+    pub fn meta<'a>(&'a self, stream: &'a Arc<str>) -> RowMeta<'a> {
+        RowMeta {
+            kind: self.kind,
+            commit_ts: self.commit_ts,
+            snapshot: self.snapshot,
+            line: self.line,
+            stream,
+            shard: 0,
+            sequence: self.offset as i64,
+            message: MessageMeta::default(),
+            connect: self.connect.as_ref(),
+        }
+    }
 }
 
 impl Chunk {

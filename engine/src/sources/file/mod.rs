@@ -8,7 +8,6 @@
 
 mod assemble;
 mod chunk;
-pub mod decode;
 pub mod reader;
 
 use std::path::PathBuf;
@@ -21,8 +20,9 @@ use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SourceKindDef, SourceProvider};
 use urutau_planner::spec::SourceSpec;
 
-use super::{ChangeSource, OpenArgs, SourceBatch, SourceError};
-use crate::position::Position;
+use super::debezium::{DecimalHandling, Encodings};
+use super::{ChangeSource, OpenArgs, SourceBatch, SourceError, SourceKind};
+use crate::position::{Position, PositionKind};
 use reader::{ReaderConfig, TableConfig, run_reader};
 
 /// Registers the `file` kind for planning.
@@ -51,8 +51,21 @@ impl FileSourceProvider {
                         "the event format",
                     )
                     .default("debezium-json"),
+                    OptionDef::new(
+                        "decimal_handling",
+                        OptionType::Enum(&["string", "precise", "double"]),
+                        "how events without a schema part encode DECIMAL columns (Debezium's decimal.handling.mode): string = decimal text, precise = base64 of the unscaled value (Debezium's default: set it for files exported from Debezium), double = JSON numbers; an event's schema part always decides",
+                    )
+                    .default("string"),
+                    OptionDef::new(
+                        "time_precision",
+                        OptionType::Enum(&["adaptive", "adaptive_time_microseconds", "connect"]),
+                        "the unit of integer TIME and TIMESTAMP values in events without a schema part (Debezium's time.precision.mode): adaptive = microseconds, connect = milliseconds",
+                    )
+                    .default("adaptive"),
                 ],
                 declares_tables: true,
+                table_options: vec![],
                 // Each change has a coordinate: the file, one shard, the
                 // line's byte offset.
                 transport: Transport::Coordinate,
@@ -84,8 +97,42 @@ struct FileSource {
     rx: mpsc::Receiver<Result<SourceBatch, SourceError>>,
 }
 
+/// The `file` kind: byte-offset positions, reads a file or a directory.
+pub struct FileKind {
+    provider: Arc<FileSourceProvider>,
+}
+
+impl FileKind {
+    /// The kind.
+    pub fn new() -> Self {
+        FileKind {
+            provider: Arc::new(FileSourceProvider::new()),
+        }
+    }
+}
+
+impl Default for FileKind {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SourceKind for FileKind {
+    fn provider(&self) -> Arc<dyn SourceProvider> {
+        Arc::clone(&self.provider) as Arc<dyn SourceProvider>
+    }
+
+    fn position_kind(&self) -> PositionKind {
+        PositionKind::File
+    }
+
+    fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
+        open(args)
+    }
+}
+
 /// Starts reading.
-pub fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
+fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     let path = PathBuf::from(args.plan.spec.options.get("path").unwrap_or_default());
     let start = match args.start {
         None => None,
@@ -94,13 +141,19 @@ pub fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
             return Err(SourceError::new(format!("{other} is not a file position")));
         }
     };
+    let options = &args.plan.spec.options;
+    let encodings = Encodings::from_options(
+        options.get("decimal_handling"),
+        options.get("time_precision"),
+        DecimalHandling::String,
+    );
     let cfg = ReaderConfig {
         path,
         tables: args
             .plan
             .tables
             .iter()
-            .map(TableConfig::from_plan)
+            .map(|t| TableConfig::from_plan(t, &encodings))
             .collect(),
         start,
         exit_when_caught_up: args.exit_when_caught_up,

@@ -10,7 +10,6 @@
 //! batch boundaries); the row images are decoded on a second thread by
 //! [`super::assemble`], fed with [`Chunk`]s.
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -19,17 +18,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use urutau_planner::plan::{BeforeImages, SourceTablePlan};
 
-use super::assemble::{Assembler, DecodedTable, panic_message, run_assembler};
+use super::assemble::{Assembler, DecodedTable, run_assembler};
 use super::chunk::{Chunk, RowImage, Step};
-use super::decode::{TableDecoder, top_level_fields_differ};
 use crate::batching::BatchPolicy;
-use crate::change_batch::RowKind;
 use crate::position::FilePosition;
+use crate::sources::debezium::{Encodings, EventRows, SchemaCache, parse_event, row_images};
+use crate::sources::decode::TableDecoder;
+use crate::sources::panic_message;
 use crate::sources::{SourceBatch, SourceError};
 
 /// A chunk goes to the decoding stage once it holds this many steps or
@@ -67,72 +65,21 @@ struct FramedTable {
 }
 
 impl TableConfig {
-    /// The reader's view of a planned table.
-    pub fn from_plan(plan: &SourceTablePlan) -> Self {
+    /// The reader's view of a planned table whose values are encoded as
+    /// `encodings` says (unless an event's schema part says otherwise).
+    pub fn from_plan(plan: &SourceTablePlan, encodings: &Encodings) -> Self {
         TableConfig {
             table: plan.table.clone(),
-            decoder: TableDecoder::new(
+            decoder: TableDecoder::with_encodings(
                 &plan.schema,
                 Arc::clone(&plan.scan_schema),
                 plan.table.join("."),
+                encodings.column_logicals(&plan.schema),
             ),
             before_images: plan.before_images.clone(),
         }
     }
 }
-
-impl FramedTable {
-    /// Whether an update needs its before image emitted.
-    fn wants_before(&self, before: Option<&RawValue>, after: Option<&RawValue>) -> bool {
-        let Some(before) = before else { return false };
-        match &self.before_images {
-            BeforeImages::Never => false,
-            BeforeImages::Always => true,
-            BeforeImages::OnKeyChange(columns) => {
-                let Some(after) = after else { return true };
-                // Not a plain object: the full decode will say why.
-                top_level_fields_differ(before.get(), after.get(), columns)
-            }
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow, default)]
-    op: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    before: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    after: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    source: Option<SourceInfo<'a>>,
-    #[serde(borrow, default)]
-    transaction: Option<TransactionInfo<'a>>,
-    #[serde(borrow, default)]
-    payload: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct SourceInfo<'a> {
-    #[serde(borrow, default)]
-    table: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    schema: Option<Cow<'a, str>>,
-    #[serde(default)]
-    ts_ms: Option<i64>,
-    #[serde(borrow, default, rename = "txId")]
-    tx_id: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct TransactionInfo<'a> {
-    #[serde(borrow, default)]
-    id: Option<&'a RawValue>,
-}
-
-/// The row images of one event (at most two), in emission order.
-type RowImages<'a> = [Option<(RowKind, Option<&'a RawValue>)>; 2];
 
 /// One file to read and where to stop (for `--exit-when-caught-up`).
 struct FileCursor {
@@ -173,6 +120,8 @@ struct Reader {
     batch_opened: Option<Instant>,
     /// The chunk being filled ends a batch (it goes at once).
     batch_closed: bool,
+    /// Schema parts seen (events with `schemas.enable`).
+    schemas: SchemaCache,
 }
 
 fn list_dir(path: &Path) -> Result<Vec<(String, PathBuf)>, SourceError> {
@@ -282,6 +231,7 @@ impl Reader {
             batch_rows: 0,
             batch_opened: None,
             batch_closed: false,
+            schemas: SchemaCache::default(),
             cfg,
         };
         let exit = reader.cfg.exit_when_caught_up;
@@ -519,24 +469,9 @@ impl Reader {
             }
             return Ok(());
         }
-        let env: Envelope = serde_json::from_str(text)
-            .map_err(|e| self.error_at(format!("malformed change event: {e}")))?;
-        let payload_env;
-        let env = match env.payload {
-            Some(p) => {
-                payload_env = serde_json::from_str::<Envelope>(p.get())
-                    .map_err(|e| self.error_at(format!("malformed change event payload: {e}")))?;
-                &payload_env
-            }
-            None => &env,
-        };
-        let tx_id: Option<String> = env
-            .transaction
-            .as_ref()
-            .and_then(|t| t.id)
-            .or(env.source.as_ref().and_then(|s| s.tx_id))
-            .map(|r| r.get().to_string())
-            .filter(|r| r != "null");
+        let event = parse_event(text).map_err(|e| self.error_at(e))?;
+        let env = &event.envelope;
+        let tx_id = env.transaction_id();
         // A line of another transaction closes the open one at this line.
         if self.open_tx.is_some() && self.open_tx != tx_id {
             let line_start = {
@@ -569,7 +504,7 @@ impl Reader {
             return Err(self.error_at("change event without `source.table`"));
         };
         let schema = source.schema.as_deref();
-        let commit_ts = source.ts_ms.map(|ms| ms * 1000);
+        let commit_ts = env.commit_ts_micros();
         let (line, line_offset) = self
             .current
             .as_ref()
@@ -584,36 +519,26 @@ impl Reader {
                 _ => false,
             });
         if let Some(idx) = idx {
-            // At most two row images per event: no allocation per line.
-            let (images, snapshot): (RowImages<'_>, bool) = match op {
-                "c" => ([Some((RowKind::Insert, env.after)), None], false),
-                "r" => ([Some((RowKind::Insert, env.after)), None], true),
-                // The before image follows the after image: it is only
-                // emitted for a key the update left, which no other row of
-                // this update touches, so the order does not matter.
-                "u" => (
-                    [
-                        Some((RowKind::Update, env.after)),
-                        self.cfg.tables[idx]
-                            .wants_before(env.before, env.after)
-                            .then_some((RowKind::UpdateBefore, env.before)),
-                    ],
-                    false,
-                ),
-                "d" => ([Some((RowKind::Delete, env.before)), None], false),
-                other => return Err(self.error_at(format!("unknown op `{other}` (c, r, u, d)"))),
+            let rows = row_images(
+                op,
+                env.before,
+                env.after,
+                &self.cfg.tables[idx].before_images,
+            )
+            .map_err(|e| self.error_at(e))?;
+            let (images, snapshot) = match rows {
+                EventRows::Rows { images, snapshot } => (images, snapshot),
+                EventRows::Truncate => {
+                    return Err(self.error_at(format!(
+                        "op `t` (a TRUNCATE of {table}): the file source cannot replay a truncate; remove the event or the table's route"
+                    )));
+                }
+            };
+            let connect = match event.schema {
+                Some(s) => Some(self.schemas.get(s).map_err(|e| self.error_at(e))?),
+                None => None,
             };
             for (kind, image) in images.into_iter().flatten() {
-                let Some(image) = image else {
-                    let which = if kind == RowKind::Delete {
-                        "before"
-                    } else {
-                        "after"
-                    };
-                    return Err(self.error_at(format!(
-                        "op `{op}` needs `{which}`, which is null or missing"
-                    )));
-                };
                 // The image's place in the chunk's text.
                 let start = base + (image.get().as_ptr() as usize - line_bytes.as_ptr() as usize);
                 self.steps.push(Step::Row(RowImage {
@@ -625,6 +550,7 @@ impl Reader {
                     snapshot,
                     line,
                     offset: line_offset,
+                    connect: connect.clone(),
                 }));
                 self.open_rows += 1;
                 self.batch_rows += 1;

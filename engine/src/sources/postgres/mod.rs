@@ -37,7 +37,8 @@ use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SchemaError, SourceKindDef, SourceProvider, SourceTableSchema};
 use urutau_planner::spec::{QualifiedName, SourceSpec, SourceTableSpec};
 
-use super::{ChangeSource, OpenArgs, SourceError};
+use super::{ChangeSource, OpenArgs, SourceError, SourceKind};
+use crate::position::PositionKind;
 
 pub use catalog::PgTable;
 
@@ -101,6 +102,7 @@ impl PostgresSourceProvider {
                     .default("ignore"),
                 ],
                 declares_tables: false,
+                table_options: vec![],
                 transport: Transport::None,
                 rules: vec![],
             },
@@ -145,12 +147,36 @@ impl SourceProvider for PostgresSourceProvider {
     }
 }
 
-/// Starts streaming.
-pub fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
-    stream::open(args).map(|s| Box::new(s) as Box<dyn ChangeSource>)
+/// The `postgres` kind: LSN positions, streams from a replication slot.
+pub struct PostgresKind {
+    provider: Arc<PostgresSourceProvider>,
 }
 
-/// Registers the kind.
-pub fn provider() -> Arc<dyn SourceProvider> {
-    Arc::new(PostgresSourceProvider::new())
+impl PostgresKind {
+    /// The kind.
+    pub fn new() -> Self {
+        PostgresKind {
+            provider: Arc::new(PostgresSourceProvider::new()),
+        }
+    }
+}
+
+impl Default for PostgresKind {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SourceKind for PostgresKind {
+    fn provider(&self) -> Arc<dyn SourceProvider> {
+        Arc::clone(&self.provider) as Arc<dyn SourceProvider>
+    }
+
+    fn position_kind(&self) -> PositionKind {
+        PositionKind::Lsn
+    }
+
+    fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
+        stream::open(args).map(|s| Box::new(s) as Box<dyn ChangeSource>)
+    }
 }

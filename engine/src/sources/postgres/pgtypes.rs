@@ -24,7 +24,7 @@ use arrow::datatypes::{
 };
 use urutau_planner::types::{CanonicalType, MAX_DECIMAL_PRECISION};
 
-use crate::sources::file::decode::parse_decimal;
+use crate::sources::decode::parse_decimal;
 
 /// Built-in type OIDs (`pg_type.oid`), fixed across Postgres versions.
 mod oid {

@@ -1,8 +1,11 @@
-//! Typed decoding of Debezium row images (`before` / `after` JSON objects)
-//! straight into Arrow builders, one builder per declared column.
+//! Typed decoding of JSON row images (Debezium's `before` / `after`, a raw
+//! record) straight into Arrow builders, one builder per declared column:
+//! the value builders and text parsers every JSON-carrying source shares.
 //!
+//! A value is read as its encoding says ([`Logical`]: Kafka Connect's
+//! logical types, from an event's schema part or the source's settings).
 //! A value that does not fit its declared type is an error naming the field
-//! and the value (the reader adds file and line); it is never coerced or
+//! and the value (the source adds where it was read); it is never coerced or
 //! dropped.
 
 use std::borrow::Cow;
@@ -24,8 +27,56 @@ use urutau_planner::context;
 use urutau_planner::registry::SourceTableSchema;
 use urutau_planner::types::{CanonicalType, UTC};
 
-use super::chunk::RowImage;
-use crate::change_batch::{ContextBuilder, CoordinateBuilder, RowKind};
+use super::debezium::ConnectFields;
+use crate::change_batch::{
+    ContextBuilder, CoordinateBuilder, MessageBuilder, MessageMeta, RowKind,
+};
+
+/// The unit of an integer temporal value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeUnitOf {
+    Days,
+    Millis,
+    Micros,
+    Nanos,
+}
+
+/// How a column's JSON value is encoded (Kafka Connect's logical types, as
+/// Debezium emits them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logical {
+    /// The value as it reads: numbers, text forms, base64 for binary.
+    Plain,
+    /// `org.apache.kafka.connect.data.Decimal`: base64 of the big-endian
+    /// two's-complement unscaled value at `scale` (a JSON number or decimal
+    /// text is read as is).
+    DecimalBytes { scale: i32 },
+    /// `io.debezium.data.VariableScaleDecimal`: `{"scale": s, "value": base64}`.
+    VariableDecimal,
+    /// An integer count of `TimeUnitOf` since the epoch (or midnight, for
+    /// a TIME column).
+    Epoch(TimeUnitOf),
+    /// `io.debezium.time.ZonedTime`: `HH:MM:SS[.f]Z` text.
+    ZonedTime,
+}
+
+/// What a row image is, beside its text: the change's kind, context and
+/// transport coordinate.
+pub struct RowMeta<'a> {
+    pub kind: RowKind,
+    pub commit_ts: Option<i64>,
+    pub snapshot: bool,
+    /// Where it was read, for messages (a change file's line; a message's
+    /// offset).
+    pub line: u64,
+    pub stream: &'a Arc<str>,
+    pub shard: i32,
+    pub sequence: i64,
+    /// The message's fields, for a source of messages.
+    pub message: MessageMeta<'a>,
+    /// The encodings an event's schema part gives its fields, if it has one.
+    pub connect: Option<&'a Arc<ConnectFields>>,
+}
 
 /// A row value that does not fit (carried as a serde error message).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +124,8 @@ struct Column {
     ty: CanonicalType,
     nullable: bool,
     builder: Builder,
+    /// The encoding of its values in the row being decoded.
+    logical: Logical,
 }
 
 fn new_builder(ty: &CanonicalType, name: &str) -> Builder {
@@ -110,12 +163,19 @@ fn new_builder(ty: &CanonicalType, name: &str) -> Builder {
 
 /// Decodes the rows of one declared table.
 pub struct TableDecoder {
+    spec: SourceTableSchema,
     columns: Vec<Column>,
+    /// Each column's encoding when an event carries no schema part.
+    defaults: Vec<Logical>,
+    /// The schema part the columns' encodings were last taken from.
+    connect: Option<Arc<ConnectFields>>,
     index: foldhash::HashMap<String, usize>,
     set: Vec<bool>,
     context: ContextBuilder,
     /// The rows' coordinates, when the scan schema has the columns.
     coordinate: Option<CoordinateBuilder>,
+    /// The rows' message fields, when the scan schema has the columns.
+    message: Option<MessageBuilder>,
     schema: SchemaRef,
     source_table: String,
     /// Fields seen in the data that the declaration lacks (warned once).
@@ -126,14 +186,37 @@ impl TableDecoder {
     /// A decoder producing batches of `scan_schema` (data columns as
     /// declared, then the context columns).
     pub fn new(table: &SourceTableSchema, scan_schema: SchemaRef, source_table: String) -> Self {
+        Self::with_encodings(
+            table,
+            scan_schema,
+            source_table,
+            vec![Logical::Plain; table.columns.len()],
+        )
+    }
+
+    /// A decoder whose columns' values are encoded as `defaults` says (one
+    /// per declared column) unless an event's schema part says otherwise.
+    pub fn with_encodings(
+        table: &SourceTableSchema,
+        scan_schema: SchemaRef,
+        source_table: String,
+        defaults: Vec<Logical>,
+    ) -> Self {
+        assert_eq!(
+            defaults.len(),
+            table.columns.len(),
+            "one encoding per column"
+        );
         let columns: Vec<Column> = table
             .columns
             .iter()
-            .map(|c| Column {
+            .zip(&defaults)
+            .map(|(c, l)| Column {
                 name: c.name.name.clone(),
                 ty: c.ty.clone(),
                 nullable: c.nullable,
                 builder: new_builder(&c.ty, &c.name.name),
+                logical: *l,
             })
             .collect();
         let index = columns
@@ -142,7 +225,10 @@ impl TableDecoder {
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
         TableDecoder {
+            spec: table.clone(),
             set: vec![false; columns.len()],
+            defaults,
+            connect: None,
             columns,
             index,
             context: ContextBuilder::new(),
@@ -150,6 +236,10 @@ impl TableDecoder {
                 .index_of(context::STREAM)
                 .is_ok()
                 .then(CoordinateBuilder::default),
+            message: scan_schema
+                .index_of(context::MSG_TS)
+                .is_ok()
+                .then(MessageBuilder::default),
             schema: scan_schema,
             source_table,
             undeclared: Vec::new(),
@@ -171,16 +261,41 @@ impl TableDecoder {
         self.context.open_rows()
     }
 
-    /// Decodes `raw`, the text (a JSON object) of the row image `row` of a
-    /// change file whose stream is `stream`: the change's coordinate is
-    /// (`stream`, shard 0, the offset of its line).
-    pub fn append_row(
-        &mut self,
-        raw: &str,
-        row: &RowImage,
-        stream: &Arc<str>,
-    ) -> Result<(), DecodeError> {
+    /// Drops every row decoded since the last batch (after a row failed
+    /// half-way, the columns disagree on their length).
+    pub fn reset(&mut self) {
+        let defaults = std::mem::take(&mut self.defaults);
+        *self = TableDecoder::with_encodings(
+            &self.spec.clone(),
+            Arc::clone(&self.schema),
+            std::mem::take(&mut self.source_table),
+            defaults,
+        );
+    }
+
+    /// Takes the columns' encodings from an event's schema part (`None`:
+    /// the defaults). Cheap when it is the part of the previous row.
+    fn use_encodings(&mut self, connect: Option<&Arc<ConnectFields>>) {
+        let same = match (connect, &self.connect) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if same {
+            return;
+        }
+        for (c, d) in self.columns.iter_mut().zip(&self.defaults) {
+            c.logical = connect
+                .and_then(|f| f.fields.get(&c.name).copied())
+                .unwrap_or(*d);
+        }
+        self.connect = connect.cloned();
+    }
+
+    /// Decodes `raw`, the text (a JSON object) of one row image.
+    pub fn append_row(&mut self, raw: &str, row: &RowMeta<'_>) -> Result<(), DecodeError> {
         let (kind, line) = (row.kind, row.line);
+        self.use_encodings(row.connect);
         self.set.iter_mut().for_each(|s| *s = false);
         let mut de = serde_json::Deserializer::from_str(raw);
         let mut failed_field = None;
@@ -217,7 +332,10 @@ impl TableDecoder {
         }
         self.context.append(kind, row.commit_ts, row.snapshot);
         if let Some(c) = &mut self.coordinate {
-            c.append(stream, 0, row.offset as i64);
+            c.append(row.stream, row.shard, row.sequence);
+        }
+        if let Some(m) = &mut self.message {
+            m.append(&row.message);
         }
         Ok(())
     }
@@ -231,6 +349,9 @@ impl TableDecoder {
         arrays.extend(self.context.finish(ingest_ts_micros, &self.source_table));
         if let Some(c) = &mut self.coordinate {
             arrays.extend(c.finish());
+        }
+        if let Some(m) = &mut self.message {
+            arrays.extend(m.finish());
         }
         RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| DecodeError {
             field: None,
@@ -620,7 +741,11 @@ impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
         let raw_path = matches!(
             self.column.builder,
             Builder::Decimal(..) | Builder::Json(_) | Builder::Nested(..)
-        ) || matches!(self.column.ty, CanonicalType::Unknown(_));
+        ) || matches!(self.column.ty, CanonicalType::Unknown(_))
+            || matches!(
+                self.column.logical,
+                Logical::DecimalBytes { .. } | Logical::VariableDecimal
+            );
         if raw_path {
             let raw: &RawValue = <&RawValue as serde::Deserialize>::deserialize(deserializer)?;
             return append_raw(self.column, raw.get(), self.line).map_err(de::Error::custom);
@@ -640,6 +765,27 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
     if raw == "null" {
         return append_null(c, false, line).map_err(|e| e.message);
     }
+    if let Some(unscaled) = encoded_decimal(c.logical, raw)? {
+        let (v, scale) = unscaled;
+        return match &mut c.builder {
+            Builder::Decimal(b, p, s) => {
+                let v = rescale(v, scale, *s as i32, *p).map_err(|why| {
+                    format!("{} ({why})", mismatch(&decimal_text(v, scale), &c.ty))
+                })?;
+                b.append_value(v);
+                Ok(())
+            }
+            Builder::Text(b) => {
+                b.append_value(decimal_text(v, scale));
+                Ok(())
+            }
+            Builder::Float64(b) => {
+                b.append_value(decimal_text(v, scale).parse::<f64>().unwrap_or(f64::NAN));
+                Ok(())
+            }
+            _ => Err(mismatch(&decimal_text(v, scale), &c.ty)),
+        };
+    }
     match &mut c.builder {
         Builder::Decimal(b, p, s) => {
             let text: Cow<str> = match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
@@ -649,8 +795,14 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
                 }
                 None => Cow::Borrowed(raw),
             };
-            let v = parse_decimal(&text, *p, *s)
-                .map_err(|why| format!("{} ({why})", mismatch(raw, &c.ty)))?;
+            let v = parse_decimal(&text, *p, *s).map_err(|why| {
+                let hint = if base64::engine::general_purpose::STANDARD.decode(text.as_ref()).is_ok() {
+                    " (a Kafka Connect decimal, as Debezium emits by default? set decimal_handling = 'precise' on the source)"
+                } else {
+                    ""
+                };
+                format!("{} ({why}){hint}", mismatch(raw, &c.ty))
+            })?;
             b.append_value(v);
         }
         Builder::Json(b) | Builder::Text(b) => {
@@ -667,6 +819,107 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
         _ => unreachable!("raw path only for decimal, json, unknown and nested"),
     }
     Ok(())
+}
+
+/// A Connect-encoded decimal (`DecimalBytes` as base64 text,
+/// `VariableDecimal` as its object): the unscaled value and its scale.
+/// `None` when the value is not in that encoding (a JSON number or decimal
+/// text of a column declared DECIMAL is read as is).
+fn encoded_decimal(logical: Logical, raw: &str) -> Result<Option<(i128, i32)>, String> {
+    match logical {
+        Logical::DecimalBytes { scale } => {
+            let Some(inner) = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) else {
+                return Ok(None);
+            };
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(inner)
+                .map_err(|_| {
+                    format!(
+                        "value {} is not a Kafka Connect decimal (base64 of the unscaled value at scale {scale}): set decimal_handling to how the connector encodes decimals",
+                        shorten(raw)
+                    )
+                })?;
+            Ok(Some((unscaled_from_bytes(&bytes, raw)?, scale)))
+        }
+        Logical::VariableDecimal => {
+            #[derive(serde::Deserialize)]
+            struct Variable {
+                scale: i32,
+                value: String,
+            }
+            let v: Variable = serde_json::from_str(raw).map_err(|_| {
+                format!(
+                    "value {} is not a VariableScaleDecimal ({{\"scale\": n, \"value\": base64}})",
+                    shorten(raw)
+                )
+            })?;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(&v.value)
+                .map_err(|_| format!("value {}: `value` is not base64", shorten(raw)))?;
+            Ok(Some((unscaled_from_bytes(&bytes, raw)?, v.scale)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// A big-endian two's-complement integer (Java's `BigInteger.toByteArray`).
+fn unscaled_from_bytes(bytes: &[u8], raw: &str) -> Result<i128, String> {
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    if bytes.len() > 16 {
+        return Err(format!(
+            "value {} holds {} bytes: more than 38 digits",
+            shorten(raw),
+            bytes.len()
+        ));
+    }
+    let fill = if bytes[0] & 0x80 != 0 { 0xFF } else { 0 };
+    let mut full = [fill; 16];
+    full[16 - bytes.len()..].copy_from_slice(bytes);
+    Ok(i128::from_be_bytes(full))
+}
+
+/// `v` at `from` digits of scale, exactly at `to` within `precision`.
+fn rescale(v: i128, from: i32, to: i32, precision: u8) -> Result<i128, String> {
+    let out = if to >= from {
+        10i128
+            .checked_pow((to - from) as u32)
+            .and_then(|m| v.checked_mul(m))
+            .ok_or("too many digits")?
+    } else {
+        let d = 10i128
+            .checked_pow((from - to) as u32)
+            .ok_or("too many digits")?;
+        if v % d != 0 {
+            return Err(format!("more than {to} fraction digits"));
+        }
+        v / d
+    };
+    if out.unsigned_abs() >= 10u128.pow(precision as u32) {
+        return Err(format!("more than {precision} digits"));
+    }
+    Ok(out)
+}
+
+/// The decimal text of `v` at `scale` (`1050`, 2 -> `10.50`).
+fn decimal_text(v: i128, scale: i32) -> String {
+    if scale <= 0 {
+        let mut t = v.to_string();
+        if v != 0 {
+            t.extend(std::iter::repeat_n('0', (-scale) as usize));
+        }
+        return t;
+    }
+    let digits = v.unsigned_abs().to_string();
+    let scale = scale as usize;
+    let padded = if digits.len() <= scale {
+        format!("{}{digits}", "0".repeat(scale - digits.len() + 1))
+    } else {
+        digits
+    };
+    let (int, frac) = padded.split_at(padded.len() - scale);
+    format!("{}{int}.{frac}", if v < 0 { "-" } else { "" })
 }
 
 /// Parses decimal text exactly into an integer scaled by `scale`; more
@@ -798,6 +1051,24 @@ fn parse_time(s: &str) -> Option<i64> {
     Some(t.num_seconds_from_midnight() as i64 * 1_000_000 + (t.nanosecond() as i64 / 1000))
 }
 
+/// `HH:MM:SS[.f]` with a zone (`Z`, `+01:00`): the UTC time of day.
+fn parse_zoned_time(s: &str) -> Option<i64> {
+    let (time, offset_secs) = if let Some(t) = s.strip_suffix('Z') {
+        (t, 0i64)
+    } else {
+        let at = s.rfind(['+', '-'])?;
+        let (t, z) = s.split_at(at);
+        let sign = if z.starts_with('-') { -1 } else { 1 };
+        let (h, m) = z[1..].split_once(':').unwrap_or((&z[1..], "0"));
+        (
+            t,
+            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60),
+        )
+    };
+    let local = parse_time(time)?;
+    Some((local - offset_secs * 1_000_000).rem_euclid(MICROS_PER_DAY))
+}
+
 fn parse_naive_timestamp(s: &str) -> Option<i64> {
     let dt = NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
         .or_else(|_| NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f"))
@@ -840,6 +1111,33 @@ impl ValueVisitor<'_> {
 
     fn int<E: de::Error>(self, v: i64) -> Result<(), E> {
         let out_of_range = |ty: &CanonicalType| E::custom(mismatch(&v.to_string(), ty));
+        // An epoch count in another unit than the column's microseconds.
+        let micros = |v: i64| -> Option<i64> {
+            match self.column.logical {
+                Logical::Epoch(TimeUnitOf::Millis) => v.checked_mul(1000),
+                Logical::Epoch(TimeUnitOf::Nanos) => (v % 1000 == 0).then_some(v / 1000),
+                Logical::Epoch(TimeUnitOf::Days) => v.checked_mul(MICROS_PER_DAY),
+                _ => Some(v),
+            }
+        };
+        if matches!(
+            self.column.builder,
+            Builder::Time(_) | Builder::Timestamp(_) | Builder::TimestampTz(_)
+        ) {
+            let ty = self.column.ty.clone();
+            let m = micros(v).ok_or_else(|| {
+                E::custom(format!(
+                    "{} (nanoseconds that a microsecond column would lose)",
+                    mismatch(&v.to_string(), &ty)
+                ))
+            })?;
+            match &mut self.column.builder {
+                Builder::Time(b) if (0..MICROS_PER_DAY).contains(&m) => b.append_value(m),
+                Builder::Timestamp(b) | Builder::TimestampTz(b) => b.append_value(m),
+                _ => return Err(out_of_range(&ty)),
+            }
+            return Ok(());
+        }
         match &mut self.column.builder {
             Builder::Int32(b) => {
                 b.append_value(i32::try_from(v).map_err(|_| out_of_range(&CanonicalType::Int32))?)
@@ -851,8 +1149,6 @@ impl ValueVisitor<'_> {
             Builder::Date(b) => {
                 b.append_value(i32::try_from(v).map_err(|_| out_of_range(&CanonicalType::Date))?)
             }
-            Builder::Time(b) if (0..MICROS_PER_DAY).contains(&v) => b.append_value(v),
-            Builder::Timestamp(b) | Builder::TimestampTz(b) => b.append_value(v),
             _ => return Err(self.fail(&v.to_string())),
         }
         Ok(())
@@ -958,6 +1254,15 @@ impl<'de> Visitor<'de> for ValueVisitor<'_> {
                 }
                 None => false,
             },
+            Builder::Time(b) if self.column.logical == Logical::ZonedTime => {
+                match parse_zoned_time(v) {
+                    Some(t) => {
+                        b.append_value(t);
+                        true
+                    }
+                    None => false,
+                }
+            }
             Builder::Time(b) => match parse_time(v) {
                 Some(t) => {
                     b.append_value(t);
@@ -1064,6 +1369,33 @@ mod tests {
             r#"{"id": 7, "e": 1, "a": 2}"#,
             &many
         ));
+    }
+
+    #[test]
+    fn connect_decimals_decode_exactly() {
+        let d = |raw: &str, l: Logical| encoded_decimal(l, raw).unwrap().unwrap();
+        // 10.50 at scale 2 is 1050 = 0x041A: "BBo=", as Debezium emits it.
+        assert_eq!(d("\"BBo=\"", Logical::DecimalBytes { scale: 2 }), (1050, 2));
+        // -1 is 0xFF.
+        assert_eq!(d("\"/w==\"", Logical::DecimalBytes { scale: 0 }), (-1, 0));
+        assert_eq!(
+            d(r#"{"scale":3,"value":"BBo="}"#, Logical::VariableDecimal),
+            (1050, 3)
+        );
+        assert_eq!(
+            encoded_decimal(Logical::DecimalBytes { scale: 2 }, "10.5").unwrap(),
+            None
+        );
+        assert!(encoded_decimal(Logical::DecimalBytes { scale: 2 }, "\"10.50\"").is_err());
+        assert_eq!(rescale(1050, 2, 4, 10), Ok(105_000));
+        assert_eq!(rescale(1050, 3, 2, 10), Ok(105));
+        assert!(rescale(1055, 3, 2, 10).is_err());
+        assert!(rescale(1050, 2, 2, 3).is_err());
+        assert_eq!(decimal_text(1050, 2), "10.50");
+        assert_eq!(decimal_text(-5, 3), "-0.005");
+        assert_eq!(decimal_text(7, -2), "700");
+        assert_eq!(parse_zoned_time("10:15:30Z"), Some(36_930_000_000));
+        assert_eq!(parse_zoned_time("01:00:00+02:00"), Some(23 * 3_600_000_000));
     }
 
     #[test]

@@ -1,0 +1,429 @@
+//! Debezium change events, as the file and Kafka sources read them: the
+//! envelope (`{before, after, source, op, ...}`, bare or wrapped as
+//! `{"schema": ..., "payload": ...}`), the row images an event yields, and
+//! the value encodings of Kafka Connect (from the schema part when the
+//! event has one, else from the source's `decimal_handling` and
+//! `time_precision` settings, which mirror Debezium's connector options).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher as _};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use urutau_planner::plan::BeforeImages;
+use urutau_planner::registry::SourceTableSchema;
+use urutau_planner::types::CanonicalType;
+
+use super::decode::{Logical, TimeUnitOf, top_level_fields_differ};
+use crate::change_batch::RowKind;
+
+/// A Debezium event's envelope (a `payload` wrapper is opened by
+/// [`parse_event`]).
+#[derive(Deserialize)]
+pub struct Envelope<'a> {
+    #[serde(borrow, default)]
+    pub op: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub before: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub after: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub source: Option<SourceInfo<'a>>,
+    #[serde(borrow, default)]
+    pub transaction: Option<TransactionInfo<'a>>,
+    #[serde(borrow, default)]
+    pub payload: Option<&'a RawValue>,
+    /// Kafka Connect's schema part (`value.converter.schemas.enable`).
+    #[serde(borrow, default)]
+    pub schema: Option<&'a RawValue>,
+}
+
+/// `source` of an envelope: where the change was read.
+#[derive(Deserialize)]
+pub struct SourceInfo<'a> {
+    #[serde(borrow, default)]
+    pub table: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub schema: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub ts_ms: Option<i64>,
+    #[serde(borrow, default, rename = "txId")]
+    pub tx_id: Option<&'a RawValue>,
+}
+
+/// `transaction` of an envelope (Debezium's transaction metadata).
+#[derive(Deserialize)]
+pub struct TransactionInfo<'a> {
+    #[serde(borrow, default)]
+    pub id: Option<&'a RawValue>,
+}
+
+/// One event, its wrapper opened: the envelope and the schema part, if any.
+pub struct Event<'a> {
+    pub envelope: Envelope<'a>,
+    pub schema: Option<&'a RawValue>,
+}
+
+/// Parses an event's text (bare or `{"schema", "payload"}`).
+pub fn parse_event(text: &str) -> Result<Event<'_>, String> {
+    let outer: Envelope =
+        serde_json::from_str(text).map_err(|e| format!("malformed change event: {e}"))?;
+    match outer.payload {
+        Some(p) => {
+            let envelope: Envelope = serde_json::from_str(p.get())
+                .map_err(|e| format!("malformed change event payload: {e}"))?;
+            Ok(Event {
+                envelope,
+                schema: outer.schema,
+            })
+        }
+        None => Ok(Event {
+            schema: outer.schema,
+            envelope: outer,
+        }),
+    }
+}
+
+impl Envelope<'_> {
+    /// The event's transaction id (`transaction.id`, else `source.txId`).
+    pub fn transaction_id(&self) -> Option<String> {
+        self.transaction
+            .as_ref()
+            .and_then(|t| t.id)
+            .or(self.source.as_ref().and_then(|s| s.tx_id))
+            .map(|r| r.get().to_string())
+            .filter(|r| r != "null")
+    }
+
+    /// When the change was committed at the source (`source.ts_ms`), in
+    /// microseconds.
+    pub fn commit_ts_micros(&self) -> Option<i64> {
+        self.source
+            .as_ref()
+            .and_then(|s| s.ts_ms)
+            .map(|ms| ms * 1000)
+    }
+}
+
+/// The row images of one event (at most two), in emission order.
+pub type RowImages<'a> = [Option<(RowKind, &'a RawValue)>; 2];
+
+/// What an event means for a routed table.
+pub enum EventRows<'a> {
+    /// Row images to decode; `snapshot` for `op = r`.
+    Rows {
+        images: RowImages<'a>,
+        snapshot: bool,
+    },
+    /// `op = t`: the table was truncated.
+    Truncate,
+}
+
+/// The row images of an event with op `op` for a table whose routes need
+/// `before_images`; an error names what is wrong with the event.
+pub fn row_images<'a>(
+    op: &str,
+    before: Option<&'a RawValue>,
+    after: Option<&'a RawValue>,
+    before_images: &BeforeImages,
+) -> Result<EventRows<'a>, String> {
+    let need = |kind: RowKind, image: Option<&'a RawValue>| match image {
+        Some(i) if i.get() != "null" => Ok((kind, i)),
+        _ => Err(format!(
+            "op `{op}` needs `{}`, which is null or missing",
+            if kind == RowKind::Delete {
+                "before"
+            } else {
+                "after"
+            }
+        )),
+    };
+    Ok(match op {
+        "c" => EventRows::Rows {
+            images: [Some(need(RowKind::Insert, after)?), None],
+            snapshot: false,
+        },
+        "r" => EventRows::Rows {
+            images: [Some(need(RowKind::Insert, after)?), None],
+            snapshot: true,
+        },
+        // The before image follows the after image: it is only emitted for
+        // a key the update left, which no other row of this update touches,
+        // so the order does not matter.
+        "u" => {
+            let after = need(RowKind::Update, after)?;
+            let before = before.filter(|b| b.get() != "null");
+            let wants = match (before, before_images) {
+                (None, _) | (_, BeforeImages::Never) => false,
+                (Some(_), BeforeImages::Always) => true,
+                (Some(b), BeforeImages::OnKeyChange(columns)) => {
+                    // Not a plain object: the full decode will say why.
+                    top_level_fields_differ(b.get(), after.1.get(), columns)
+                }
+            };
+            EventRows::Rows {
+                images: [
+                    Some(after),
+                    wants.then(|| (RowKind::UpdateBefore, before.expect("checked"))),
+                ],
+                snapshot: false,
+            }
+        }
+        "d" => EventRows::Rows {
+            images: [Some(need(RowKind::Delete, before)?), None],
+            snapshot: false,
+        },
+        "t" => EventRows::Truncate,
+        other => return Err(format!("unknown op `{other}` (c, r, u, d, t)")),
+    })
+}
+
+/// Debezium's `decimal.handling.mode`: how a schemaless event encodes
+/// DECIMAL columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecimalHandling {
+    /// Base64 of the big-endian two's-complement unscaled value, at the
+    /// declared scale (Debezium's default).
+    Precise,
+    /// Decimal text (`"10.50"`).
+    String,
+    /// A JSON number.
+    Double,
+}
+
+/// Debezium's `time.precision.mode`: the unit of integer TIME and
+/// TIMESTAMP values in a schemaless event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimePrecision {
+    /// Debezium's default: microseconds for columns of default precision
+    /// (`MicroTime`, `MicroTimestamp`).
+    Adaptive,
+    /// Like adaptive; TIME always in microseconds.
+    AdaptiveTimeMicroseconds,
+    /// Kafka Connect's types: milliseconds.
+    Connect,
+}
+
+/// How a source's schemaless events encode values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encodings {
+    pub decimal: DecimalHandling,
+    pub time: TimePrecision,
+}
+
+impl Encodings {
+    /// Reads `decimal_handling` and `time_precision` (checked option
+    /// values), with the kind's default decimal handling.
+    pub fn from_options(
+        decimal: Option<&str>,
+        time: Option<&str>,
+        default_decimal: DecimalHandling,
+    ) -> Self {
+        Encodings {
+            decimal: match decimal {
+                Some("precise") => DecimalHandling::Precise,
+                Some("string") => DecimalHandling::String,
+                Some("double") => DecimalHandling::Double,
+                _ => default_decimal,
+            },
+            time: match time {
+                Some("connect") => TimePrecision::Connect,
+                Some("adaptive_time_microseconds") => TimePrecision::AdaptiveTimeMicroseconds,
+                _ => TimePrecision::Adaptive,
+            },
+        }
+    }
+
+    /// The encoding of each declared column of `table` when an event has
+    /// no schema part.
+    pub fn column_logicals(&self, table: &SourceTableSchema) -> Vec<Logical> {
+        table
+            .columns
+            .iter()
+            .map(|c| match (&c.ty, self.decimal, self.time) {
+                (CanonicalType::Decimal { scale, .. }, DecimalHandling::Precise, _) => {
+                    Logical::DecimalBytes {
+                        scale: *scale as i32,
+                    }
+                }
+                (CanonicalType::Time | CanonicalType::Timestamp, _, TimePrecision::Connect) => {
+                    Logical::Epoch(TimeUnitOf::Millis)
+                }
+                _ => Logical::Plain,
+            })
+            .collect()
+    }
+}
+
+/// The value encodings a Kafka Connect schema part gives the fields of an
+/// event's row images (`after`, else `before`): field name -> encoding.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ConnectFields {
+    pub fields: HashMap<String, Logical>,
+}
+
+#[derive(Deserialize)]
+struct SchemaNode {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    field: Option<String>,
+    #[serde(default)]
+    fields: Vec<SchemaNode>,
+    #[serde(default)]
+    parameters: HashMap<String, serde_json::Value>,
+}
+
+impl ConnectFields {
+    /// Reads an envelope's schema part.
+    pub fn parse(schema: &str) -> Result<ConnectFields, String> {
+        let node: SchemaNode = serde_json::from_str(schema)
+            .map_err(|e| format!("malformed schema part of a change event: {e}"))?;
+        let image = node
+            .fields
+            .iter()
+            .find(|f| f.field.as_deref() == Some("after"))
+            .or_else(|| {
+                node.fields
+                    .iter()
+                    .find(|f| f.field.as_deref() == Some("before"))
+            });
+        // A schema of the row itself (a raw record) has its fields at the top.
+        let fields = match image {
+            Some(i) => &i.fields,
+            None => &node.fields,
+        };
+        let mut out = HashMap::new();
+        for f in fields {
+            let Some(name) = &f.field else { continue };
+            out.insert(name.clone(), logical_of(f)?);
+        }
+        Ok(ConnectFields { fields: out })
+    }
+}
+
+fn logical_of(f: &SchemaNode) -> Result<Logical, String> {
+    let name = f.name.as_deref().unwrap_or("");
+    Ok(match name {
+        "org.apache.kafka.connect.data.Decimal" => {
+            let scale = f
+                .parameters
+                .get("scale")
+                .and_then(|s| match s {
+                    serde_json::Value::String(s) => s.parse::<i32>().ok(),
+                    serde_json::Value::Number(n) => n.as_i64().map(|n| n as i32),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "field `{}`: a Decimal schema without a scale parameter",
+                        f.field.as_deref().unwrap_or("?")
+                    )
+                })?;
+            Logical::DecimalBytes { scale }
+        }
+        "io.debezium.data.VariableScaleDecimal" => Logical::VariableDecimal,
+        "io.debezium.time.Date" | "org.apache.kafka.connect.data.Date" => {
+            Logical::Epoch(TimeUnitOf::Days)
+        }
+        "io.debezium.time.Time"
+        | "org.apache.kafka.connect.data.Time"
+        | "io.debezium.time.Timestamp"
+        | "org.apache.kafka.connect.data.Timestamp" => Logical::Epoch(TimeUnitOf::Millis),
+        "io.debezium.time.MicroTime" | "io.debezium.time.MicroTimestamp" => {
+            Logical::Epoch(TimeUnitOf::Micros)
+        }
+        "io.debezium.time.NanoTime" | "io.debezium.time.NanoTimestamp" => {
+            Logical::Epoch(TimeUnitOf::Nanos)
+        }
+        "io.debezium.time.ZonedTime" => Logical::ZonedTime,
+        _ => Logical::Plain,
+    })
+}
+
+/// Parsed schema parts, by their text's hash: a topic's events repeat one
+/// schema part (3-4 kB each), which is parsed once.
+#[derive(Default)]
+pub struct SchemaCache {
+    parsed: HashMap<u64, Vec<ParsedSchema>>,
+}
+
+/// A schema part's text and its encodings.
+type ParsedSchema = (Box<str>, Arc<ConnectFields>);
+
+impl SchemaCache {
+    /// The encodings of `schema` (parsed on first sight).
+    pub fn get(&mut self, schema: &RawValue) -> Result<Arc<ConnectFields>, String> {
+        let text = schema.get();
+        let mut h = std::hash::BuildHasher::build_hasher(&foldhash::quality::FixedState::default());
+        text.hash(&mut h);
+        let bucket = self.parsed.entry(h.finish()).or_default();
+        if let Some((_, f)) = bucket.iter().find(|(t, _)| &**t == text) {
+            return Ok(Arc::clone(f));
+        }
+        let fields = Arc::new(ConnectFields::parse(text)?);
+        if self.parsed.len() > 1024 {
+            // Schemas churning without end: forget them rather than grow.
+            self.parsed.clear();
+        }
+        self.parsed
+            .entry(h.finish())
+            .or_default()
+            .push((text.into(), Arc::clone(&fields)));
+        Ok(fields)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_part_gives_each_field_its_encoding() {
+        let schema = r#"{"type":"struct","fields":[
+            {"type":"struct","fields":[
+                {"type":"int32","optional":false,"field":"id"},
+                {"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","version":1,"parameters":{"scale":"2","connect.decimal.precision":"10"},"field":"balance"},
+                {"type":"int64","optional":true,"name":"io.debezium.time.MicroTimestamp","version":1,"field":"t"},
+                {"type":"int32","optional":true,"name":"io.debezium.time.Date","version":1,"field":"d"},
+                {"type":"string","optional":true,"name":"io.debezium.time.ZonedTimestamp","version":1,"field":"ts"}
+            ],"optional":true,"name":"dbz.public.t.Value","field":"before"},
+            {"type":"struct","fields":[
+                {"type":"int32","optional":false,"field":"id"},
+                {"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","version":1,"parameters":{"scale":"2","connect.decimal.precision":"10"},"field":"balance"},
+                {"type":"int64","optional":true,"name":"io.debezium.time.MicroTimestamp","version":1,"field":"t"},
+                {"type":"int32","optional":true,"name":"io.debezium.time.Date","version":1,"field":"d"},
+                {"type":"string","optional":true,"name":"io.debezium.time.ZonedTimestamp","version":1,"field":"ts"}
+            ],"optional":true,"name":"dbz.public.t.Value","field":"after"},
+            {"type":"string","optional":false,"field":"op"}
+        ],"optional":false,"name":"dbz.public.t.Envelope"}"#;
+        let f = ConnectFields::parse(schema).unwrap();
+        assert_eq!(f.fields["id"], Logical::Plain);
+        assert_eq!(f.fields["balance"], Logical::DecimalBytes { scale: 2 });
+        assert_eq!(f.fields["t"], Logical::Epoch(TimeUnitOf::Micros));
+        assert_eq!(f.fields["d"], Logical::Epoch(TimeUnitOf::Days));
+        assert_eq!(f.fields["ts"], Logical::Plain);
+        let mut cache = SchemaCache::default();
+        let raw: &RawValue = serde_json::from_str(schema).unwrap();
+        let a = cache.get(raw).unwrap();
+        let b = cache.get(raw).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
+    fn wrapped_and_bare_events_parse_alike() {
+        let bare = r#"{"before":null,"after":{"id":1},"source":{"table":"t","ts_ms":5},"op":"c"}"#;
+        let wrapped = format!(r#"{{"schema":{{"type":"struct","fields":[]}},"payload":{bare}}}"#);
+        for text in [bare, wrapped.as_str()] {
+            let e = parse_event(text).unwrap();
+            assert_eq!(e.envelope.op.as_deref(), Some("c"));
+            assert_eq!(e.envelope.after.unwrap().get(), r#"{"id":1}"#);
+            assert_eq!(e.envelope.commit_ts_micros(), Some(5000));
+        }
+        assert!(parse_event(&wrapped).unwrap().schema.is_some());
+        let rows = row_images("d", None, None, &BeforeImages::Never);
+        assert!(rows.is_err_and(|e| e.contains("`before`")));
+    }
+}

@@ -1,0 +1,458 @@
+//! The Kafka source's consuming stage: assigns every partition of the
+//! routed topics at its resume offset, polls, copies messages into batches
+//! (closed by the pipeline's batching rule) and hands them to the decoding
+//! stage.
+//!
+//! Offsets are explicit throughout: `auto.offset.reset = error`, so an
+//! offset the broker no longer holds is reported, never skipped past; a
+//! partition no route knows is assigned at its beginning. A batch's end is
+//! the next offset of every partition read so far (a partition never read
+//! is left out: it resumes from its beginning).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use super::decode::{RawBatch, RawMessage};
+use crate::batching::BatchPolicy;
+use crate::position::Offsets;
+use crate::sources::{SourceBatch, SourceError};
+
+/// How long a metadata or watermark request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one poll waits for a message.
+const POLL: Duration = Duration::from_millis(100);
+/// Transient client errors are logged at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What the consuming stage needs.
+pub struct ConsumerConfig {
+    pub source: String,
+    pub brokers: String,
+    /// The routed topics; a message's table is its topic's index here.
+    pub topics: Vec<String>,
+    pub start: Option<Offsets>,
+    pub exit_when_caught_up: bool,
+    pub policy: BatchPolicy,
+    pub metadata_refresh: Duration,
+}
+
+/// One assigned partition.
+struct Partition {
+    /// The next offset to read; `None`: nothing read, none committed (it
+    /// is read from its beginning).
+    next: Option<i64>,
+    /// The beginning, as of the last look (for a partition never read).
+    low: i64,
+    /// For `exit_when_caught_up`: the high watermark at start (`None` for
+    /// a partition found later, which is not waited for).
+    stop_at: Option<i64>,
+}
+
+impl Partition {
+    fn caught_up(&self) -> bool {
+        match self.stop_at {
+            Some(stop) => self.next.unwrap_or(self.low) >= stop,
+            None => true,
+        }
+    }
+}
+
+/// Runs the consuming stage until it is caught up (exit mode), `stop` is
+/// set, or the decoding stage is gone; a failure goes to `errors`.
+pub fn run_consumer(
+    cfg: ConsumerConfig,
+    batches: SyncSender<RawBatch>,
+    errors: mpsc::Sender<Result<SourceBatch, SourceError>>,
+    stop: Arc<AtomicBool>,
+) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Consuming::start(cfg).and_then(|mut c| c.run(&batches, &stop))
+    }))
+    .unwrap_or_else(|panic| {
+        Err(SourceError::new(format!(
+            "the Kafka consumer failed: {}",
+            crate::sources::panic_message(panic.as_ref())
+        )))
+    });
+    if let Err(e) = result {
+        let _ = errors.blocking_send(Err(e));
+    }
+}
+
+/// The consuming stage's state.
+struct Consuming {
+    cfg: ConsumerConfig,
+    consumer: BaseConsumer,
+    topic_index: HashMap<String, usize>,
+    /// By (topic index, partition).
+    parts: BTreeMap<(usize, i32), Partition>,
+    batch: Vec<RawMessage>,
+    opened: Option<Instant>,
+    last_refresh: Instant,
+    last_warning: Option<Instant>,
+}
+
+impl Consuming {
+    /// Connects, looks up every topic's partitions, checks the resume
+    /// offsets against what the broker holds, and assigns.
+    fn start(cfg: ConsumerConfig) -> Result<Consuming, SourceError> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &cfg.brokers)
+            // No group is joined and nothing is committed to Kafka; the id
+            // only names the client in the broker's logs.
+            .set("group.id", format!("urutau-{}", cfg.source))
+            .set("client.id", format!("urutau-{}", cfg.source))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "false")
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .map_err(|e| {
+                SourceError::new(format!(
+                    "cannot create a Kafka consumer for {}: {e}",
+                    cfg.brokers
+                ))
+            })?;
+        let topic_index = cfg
+            .topics
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i))
+            .collect();
+        let mut c = Consuming {
+            consumer,
+            topic_index,
+            parts: BTreeMap::new(),
+            batch: Vec::new(),
+            opened: None,
+            last_refresh: Instant::now(),
+            last_warning: None,
+            cfg,
+        };
+        let start = c.cfg.start.clone().unwrap_or_default();
+        for (i, topic) in c.cfg.topics.clone().iter().enumerate() {
+            let ids = c.partition_ids(topic)?;
+            let committed = start.0.get(topic.as_str());
+            if let Some(committed) = committed
+                && let Some(gone) = committed.keys().find(|p| !ids.contains(p))
+            {
+                return Err(SourceError::new(format!(
+                    "topic {topic}: the sinks hold an offset of partition {gone}, which the topic no longer has (was it deleted and re-created?)"
+                )));
+            }
+            for id in ids {
+                let (low, high) = c.watermarks(topic, id)?;
+                let next = committed.and_then(|m| m.get(&id)).copied();
+                if let Some(n) = next {
+                    check_offset(topic, id, n, low, high)?;
+                }
+                c.parts.insert(
+                    (i, id),
+                    Partition {
+                        next,
+                        low,
+                        stop_at: Some(high),
+                    },
+                );
+            }
+        }
+        c.assign()?;
+        tracing::info!(
+            source = %c.cfg.source,
+            partitions = c.parts.len(),
+            position = %crate::position::Position::Offsets(c.end()),
+            "Kafka partitions assigned"
+        );
+        Ok(c)
+    }
+
+    fn partition_ids(&self, topic: &str) -> Result<Vec<i32>, SourceError> {
+        let md = self
+            .consumer
+            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+            .map_err(|e| {
+                SourceError::new(format!(
+                    "cannot read the metadata of topic {topic} from {}: {e}",
+                    self.cfg.brokers
+                ))
+            })?;
+        let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+            return Err(SourceError::new(format!(
+                "topic {topic} does not exist on {}",
+                self.cfg.brokers
+            )));
+        };
+        if let Some(err) = t.error() {
+            let code = RDKafkaErrorCode::from(err);
+            return Err(SourceError::new(match code {
+                RDKafkaErrorCode::UnknownTopicOrPartition => format!(
+                    "topic {topic} does not exist on {} (create it, or set the table's topic)",
+                    self.cfg.brokers
+                ),
+                other => format!("topic {topic}: {other}"),
+            }));
+        }
+        let mut ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), SourceError> {
+        self.consumer
+            .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
+            .map_err(|e| {
+                SourceError::new(format!(
+                    "cannot read the offsets of topic {topic} partition {partition}: {e}"
+                ))
+            })
+    }
+
+    /// Assigns every partition at its next offset (or its beginning).
+    fn assign(&self) -> Result<(), SourceError> {
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), part) in &self.parts {
+            let offset = match part.next {
+                Some(n) => Offset::Offset(n),
+                None => Offset::Beginning,
+            };
+            tpl.add_partition_offset(&self.cfg.topics[*t], *p, offset)
+                .map_err(|e| SourceError::new(format!("cannot assign partitions: {e}")))?;
+        }
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| SourceError::new(format!("cannot assign partitions: {e}")))
+    }
+
+    /// The next offset of every partition read so far.
+    fn end(&self) -> Offsets {
+        let mut o: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
+        for ((t, p), part) in &self.parts {
+            if let Some(n) = part.next {
+                o.entry(self.cfg.topics[*t].clone())
+                    .or_default()
+                    .insert(*p, n);
+            }
+        }
+        Offsets(o)
+    }
+
+    fn run(&mut self, out: &SyncSender<RawBatch>, stop: &AtomicBool) -> Result<(), SourceError> {
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                // What is not handed over is not committed: read again on
+                // restart.
+                return Ok(());
+            }
+            if self.cfg.exit_when_caught_up && self.parts.values().all(Partition::caught_up) {
+                self.flush(out);
+                return Ok(());
+            }
+            if !self.cfg.exit_when_caught_up
+                && self.last_refresh.elapsed() >= self.cfg.metadata_refresh
+            {
+                self.refresh()?;
+            }
+            match self.consumer.poll(POLL) {
+                None => self.idle()?,
+                Some(Err(e)) => self.consume_error(e)?,
+                Some(Ok(m)) => {
+                    let Some(&table) = self.topic_index.get(m.topic()) else {
+                        continue;
+                    };
+                    let (partition, offset) = (m.partition(), m.offset());
+                    let Some(part) = self.parts.get_mut(&(table, partition)) else {
+                        continue;
+                    };
+                    if part.next.is_some_and(|n| offset < n) {
+                        // Fetched before a re-assignment: already read.
+                        continue;
+                    }
+                    part.next = Some(offset + 1);
+                    self.batch.push(RawMessage {
+                        table,
+                        partition,
+                        offset,
+                        ts_micros: m.timestamp().to_millis().map(|ms| ms * 1000),
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        headers: m.headers().filter(|h| h.count() > 0).map(headers_json),
+                    });
+                    self.opened.get_or_insert_with(Instant::now);
+                }
+            }
+            if self.cfg.policy.should_close(self.batch.len(), self.opened) && !self.flush(out) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Hands the batch over; false when the decoding stage is gone.
+    fn flush(&mut self, out: &SyncSender<RawBatch>) -> bool {
+        if self.batch.is_empty() {
+            return true;
+        }
+        let batch = RawBatch {
+            messages: std::mem::take(&mut self.batch),
+            end: self.end(),
+        };
+        self.opened = None;
+        out.send(batch).is_ok()
+    }
+
+    /// Nothing to read right now: for exit mode, a partition whose fetch
+    /// position passed its last records (transaction markers are not
+    /// delivered) counts as read up to there.
+    fn idle(&mut self) -> Result<(), SourceError> {
+        if !self.cfg.exit_when_caught_up {
+            return Ok(());
+        }
+        let Ok(positions) = self.consumer.position() else {
+            return Ok(());
+        };
+        for e in positions.elements() {
+            let (Some(&t), Offset::Offset(o)) = (self.topic_index.get(e.topic()), e.offset())
+            else {
+                continue;
+            };
+            if let Some(part) = self.parts.get_mut(&(t, e.partition()))
+                && part.next.is_none_or(|n| o > n)
+                && part.stop_at.is_some_and(|s| o <= s)
+            {
+                part.next = Some(o);
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds partitions added to the topics since the last look; they are
+    /// read from their beginning.
+    fn refresh(&mut self) -> Result<(), SourceError> {
+        self.last_refresh = Instant::now();
+        let mut added = Vec::new();
+        for (i, topic) in self.cfg.topics.clone().iter().enumerate() {
+            let ids = match self.partition_ids(topic) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    self.warn(&format!("partition lookup failed, retrying later: {e}"));
+                    continue;
+                }
+            };
+            for id in ids {
+                if !self.parts.contains_key(&(i, id)) {
+                    added.push((i, id));
+                }
+            }
+        }
+        if added.is_empty() {
+            return Ok(());
+        }
+        for (i, id) in &added {
+            tracing::info!(source = %self.cfg.source, topic = %self.cfg.topics[*i], partition = id, "new partition: read from its beginning");
+            self.parts.insert(
+                (*i, *id),
+                Partition {
+                    next: None,
+                    low: 0,
+                    stop_at: None,
+                },
+            );
+        }
+        // Every partition keeps its next offset across the re-assignment.
+        self.assign()
+    }
+
+    /// A consumer error: an offset the broker no longer has is terminal
+    /// (named); anything else is the client's to retry.
+    fn consume_error(&mut self, e: KafkaError) -> Result<(), SourceError> {
+        match e.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange) => {
+                Err(self.out_of_range(&e))
+            }
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Err(SourceError::new(format!(
+                "a routed topic or partition disappeared from {}: {e}",
+                self.cfg.brokers
+            ))),
+            _ => {
+                self.warn(&format!("Kafka client error (retrying): {e}"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Names the partition whose offset is out of range.
+    fn out_of_range(&self, e: &KafkaError) -> SourceError {
+        for ((t, p), part) in &self.parts {
+            let topic = &self.cfg.topics[*t];
+            let Some(next) = part.next else { continue };
+            if let Ok((low, high)) = self.watermarks(topic, *p)
+                && let Err(err) = check_offset(topic, *p, next, low, high)
+            {
+                return err;
+            }
+        }
+        SourceError::new(format!(
+            "an offset to read is no longer on the broker ({e}); nothing was skipped"
+        ))
+    }
+
+    fn warn(&mut self, message: &str) {
+        if self.last_warning.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            self.last_warning = Some(Instant::now());
+            tracing::warn!(source = %self.cfg.source, "{message}");
+        }
+    }
+}
+
+/// A resume offset must lie within what the broker holds.
+fn check_offset(
+    topic: &str,
+    partition: i32,
+    next: i64,
+    low: i64,
+    high: i64,
+) -> Result<(), SourceError> {
+    if next < low {
+        return Err(SourceError::new(format!(
+            "topic {topic} partition {partition}: offset {next} is no longer on the broker (it keeps offsets {low} to {}): retention removed changes the sinks have not committed; nothing was skipped (re-create the tables to start over from offset {low})",
+            high - 1
+        )));
+    }
+    if next > high {
+        return Err(SourceError::new(format!(
+            "topic {topic} partition {partition}: the sinks committed offset {next}, past the partition's end ({high}): was the topic deleted and re-created?"
+        )));
+    }
+    Ok(())
+}
+
+/// A message's headers as a JSON object: a UTF-8 value as a string, other
+/// bytes as `{"base64": "..."}`, no value as null (a repeated name keeps
+/// its last value).
+fn headers_json(h: &rdkafka::message::BorrowedHeaders) -> String {
+    let mut map = serde_json::Map::new();
+    for header in h.iter() {
+        let value = match header.value {
+            None => serde_json::Value::Null,
+            Some(v) => match std::str::from_utf8(v) {
+                Ok(s) => serde_json::Value::String(s.to_string()),
+                Err(_) => serde_json::json!({
+                    "base64": base64::engine::general_purpose::STANDARD.encode(v)
+                }),
+            },
+        };
+        map.insert(header.key.to_string(), value);
+    }
+    serde_json::Value::Object(map).to_string()
+}

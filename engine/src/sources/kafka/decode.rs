@@ -1,0 +1,296 @@
+//! The Kafka source's decoding stage: batches of messages (as the consumer
+//! copied them) into change batches, one table per topic.
+//!
+//! A message that cannot be decoded stops the run, naming topic, partition
+//! and offset, or with `on_decode_error = 'skip'` is logged and left out:
+//! the batch's tables are then decoded again without it, since a row that
+//! failed half-way has left its columns uneven.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::mpsc::Receiver;
+
+use tokio::sync::mpsc;
+use urutau_planner::plan::{BeforeImages, SourceTablePlan};
+
+use crate::change_batch::{MessageMeta, RowKind};
+use crate::position::{Offsets, Position};
+use crate::sources::debezium::{Encodings, EventRows, SchemaCache, parse_event, row_images};
+use crate::sources::decode::{RowMeta, TableDecoder};
+use crate::sources::{SourceBatch, SourceError, TableChanges};
+
+/// How message values are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Debezium change events.
+    DebeziumJson,
+    /// The value is the row (a JSON object): an insert.
+    Raw,
+}
+
+/// A routed table and the topic it reads.
+pub struct TopicTable {
+    pub table: Vec<String>,
+    pub topic: Arc<str>,
+    decoder: TableDecoder,
+    before_images: BeforeImages,
+}
+
+impl TopicTable {
+    /// The routed tables, each with its topic (`topic` of the declaration,
+    /// else the table's name); an error when two tables read one topic.
+    pub fn group(
+        tables: &[SourceTablePlan],
+        encodings: &Encodings,
+    ) -> Result<Vec<TopicTable>, SourceError> {
+        let mut out: Vec<TopicTable> = Vec::new();
+        for t in tables {
+            let name = t.table.join(".");
+            let topic = t
+                .options
+                .get("topic")
+                .map(str::to_string)
+                .unwrap_or_else(|| name.clone());
+            if let Some(other) = out.iter().find(|o| *o.topic == *topic) {
+                return Err(SourceError::new(format!(
+                    "tables {} and {name} both read topic {topic}: a topic feeds one table (route the one table to several targets instead)",
+                    other.table.join(".")
+                )));
+            }
+            out.push(TopicTable {
+                table: t.table.clone(),
+                topic: Arc::from(topic),
+                decoder: TableDecoder::with_encodings(
+                    &t.schema,
+                    Arc::clone(&t.scan_schema),
+                    name,
+                    encodings.column_logicals(&t.schema),
+                ),
+                before_images: t.before_images.clone(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// One message, as the consumer copied it.
+pub struct RawMessage {
+    /// Index of its table.
+    pub table: usize,
+    pub partition: i32,
+    pub offset: i64,
+    pub ts_micros: Option<i64>,
+    pub key: Option<Vec<u8>>,
+    /// `None`: a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// The headers as a JSON object, when the message has any.
+    pub headers: Option<String>,
+}
+
+/// Messages read in order, and the offsets after them.
+pub struct RawBatch {
+    pub messages: Vec<RawMessage>,
+    pub end: Offsets,
+}
+
+/// The decoding stage's state.
+pub struct MessageDecoder {
+    /// The source's name (metrics).
+    source: String,
+    tables: Vec<TopicTable>,
+    format: Format,
+    skip_bad: bool,
+    ignore_truncate: bool,
+    schemas: SchemaCache,
+    pos_text: String,
+}
+
+impl MessageDecoder {
+    /// A stage decoding into `tables`.
+    pub fn new(
+        source: String,
+        tables: Vec<TopicTable>,
+        format: Format,
+        skip_bad: bool,
+        ignore_truncate: bool,
+    ) -> Self {
+        MessageDecoder {
+            source,
+            tables,
+            format,
+            skip_bad,
+            ignore_truncate,
+            schemas: SchemaCache::default(),
+            pos_text: String::new(),
+        }
+    }
+
+    /// Decodes batches until the consumer ends (its sender is dropped), an
+    /// error is sent, or nobody listens.
+    pub fn run(
+        mut self,
+        input: Receiver<RawBatch>,
+        out: mpsc::Sender<Result<SourceBatch, SourceError>>,
+    ) {
+        while let Ok(raw) = input.recv() {
+            let decoded =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.decode_batch(&raw)))
+                    .unwrap_or_else(|panic| {
+                        Err(SourceError::new(format!(
+                            "the Kafka decoder failed: {}",
+                            crate::sources::panic_message(panic.as_ref())
+                        )))
+                    });
+            let failed = decoded.is_err();
+            if out.blocking_send(decoded).is_err() || failed {
+                return;
+            }
+        }
+    }
+
+    /// One batch's change batch; with `skip`, messages that fail are left
+    /// out (and logged once).
+    fn decode_batch(&mut self, raw: &RawBatch) -> Result<SourceBatch, SourceError> {
+        let mut bad: HashSet<usize> = HashSet::new();
+        'again: loop {
+            for (i, m) in raw.messages.iter().enumerate() {
+                if bad.contains(&i) {
+                    continue;
+                }
+                if let Err(e) = self.decode_message(m) {
+                    let t = &self.tables[m.table];
+                    let message = format!(
+                        "topic {} partition {} offset {}: table {}: {e}",
+                        t.topic,
+                        m.partition,
+                        m.offset,
+                        t.table.join(".")
+                    );
+                    if !self.skip_bad {
+                        return Err(SourceError::new(message));
+                    }
+                    tracing::warn!(topic = %t.topic, partition = m.partition, offset = m.offset, "skipped a message that cannot be decoded (on_decode_error = 'skip'): {e}");
+                    crate::metrics::global().decode_skipped(&self.source);
+                    bad.insert(i);
+                    for t in &mut self.tables {
+                        t.decoder.reset();
+                    }
+                    continue 'again;
+                }
+            }
+            break;
+        }
+        let ingest = chrono::Utc::now().timestamp_micros();
+        let mut tables = Vec::new();
+        for t in &mut self.tables {
+            if t.decoder.rows() > 0 {
+                let batch = t.decoder.finish(ingest).map_err(|e| {
+                    SourceError::new(format!(
+                        "topic {}: table {}: {e}",
+                        t.topic,
+                        t.table.join(".")
+                    ))
+                })?;
+                tables.push(TableChanges {
+                    table: t.table.clone(),
+                    batch,
+                });
+            }
+        }
+        Ok(SourceBatch {
+            tables,
+            end: Position::Offsets(raw.end.clone()),
+            snapshot: Vec::new(),
+        })
+    }
+
+    /// Decodes one message into its table's builders.
+    fn decode_message(&mut self, m: &RawMessage) -> Result<(), String> {
+        let Some(value) = &m.value else {
+            // A tombstone (Debezium sends one after each delete, for log
+            // compaction): no change.
+            return Ok(());
+        };
+        let text =
+            std::str::from_utf8(value).map_err(|_| "the message value is not UTF-8".to_string())?;
+        let t = &mut self.tables[m.table];
+        let message = MessageMeta {
+            ts_micros: m.ts_micros,
+            key: m.key.as_deref(),
+            headers: m.headers.as_deref(),
+        };
+        let mut meta = RowMeta {
+            kind: RowKind::Insert,
+            commit_ts: m.ts_micros,
+            snapshot: false,
+            line: m.offset as u64,
+            stream: &t.topic,
+            shard: m.partition,
+            sequence: m.offset,
+            message,
+            connect: None,
+        };
+        match self.format {
+            Format::Raw => {
+                t.decoder
+                    .append_row(text, &meta)
+                    .map_err(|e| e.to_string())?;
+            }
+            Format::DebeziumJson => {
+                let event = parse_event(text)?;
+                let env = &event.envelope;
+                let Some(op) = env.op.as_deref() else {
+                    return Err("change event without `op`".to_string());
+                };
+                let (images, snapshot) = match row_images(
+                    op,
+                    env.before,
+                    env.after,
+                    &t.before_images,
+                )? {
+                    EventRows::Rows { images, snapshot } => (images, snapshot),
+                    EventRows::Truncate if self.ignore_truncate => {
+                        tracing::warn!(topic = %t.topic, partition = m.partition, offset = m.offset, "TRUNCATE ignored (on_truncate = 'ignore'): the sink keeps the rows");
+                        crate::metrics::global().truncate_ignored(&self.source);
+                        return Ok(());
+                    }
+                    EventRows::Truncate => {
+                        return Err("a TRUNCATE of the table (op t; on_truncate = 'fail'): set on_truncate = 'ignore' to go on without it".to_string());
+                    }
+                };
+                let connect = match event.schema {
+                    Some(s) => Some(self.schemas.get(s)?),
+                    None => None,
+                };
+                meta.connect = connect.as_ref();
+                meta.snapshot = snapshot;
+                meta.commit_ts = if snapshot {
+                    None
+                } else {
+                    env.commit_ts_micros()
+                };
+                for (kind, image) in images.into_iter().flatten() {
+                    meta.kind = kind;
+                    t.decoder
+                        .append_row(image.get(), &meta)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        if t.decoder.open_rows() > 0 {
+            // A message is a transaction of its own: its rows' position is
+            // its partition's next offset.
+            self.pos_text.clear();
+            let _ = write!(
+                self.pos_text,
+                "{}:p{}={}",
+                t.topic,
+                m.partition,
+                m.offset + 1
+            );
+            t.decoder.close_transaction(&self.pos_text);
+        }
+        Ok(())
+    }
+}

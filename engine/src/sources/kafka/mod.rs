@@ -1,0 +1,248 @@
+//! The Kafka source: topics read by manual partition assignment (no
+//! consumer group), each message decoded as a Debezium change event
+//! (`debezium-json`) or as a row (`raw`).
+//!
+//! Nothing is committed to Kafka: the position is the offset of the next
+//! message of every partition (`topic:p0=10,p1=20;topic2:p0=5`), stored in
+//! the sinks with the data. At start each partition resumes at the offset
+//! every route has committed (the per-partition minimum); a partition no
+//! route knows starts at the earliest offset the broker keeps, and so does
+//! a partition added while running (found by a metadata refresh). An
+//! offset the broker no longer holds (retention deleted it) stops the run
+//! with the topic, partition and offset: a silent reset would skip
+//! changes. Order within a partition is kept; a batch may span partitions.
+//!
+//! Each change carries its transport coordinate and message fields:
+//! `_stream` (topic), `_shard` (partition), `_sequence` (offset),
+//! `_msg_ts`, `_msg_key`, `_headers` (a JSON object).
+//!
+//! Client: `rdkafka` with its bundled librdkafka; the consumer runs on a
+//! thread of its own and hands batches of messages to a decoding thread.
+
+mod consumer;
+mod decode;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use urutau_planner::context::Transport;
+use urutau_planner::options::{OptionDef, OptionType};
+use urutau_planner::registry::{SourceKindDef, SourceProvider};
+use urutau_planner::spec::SourceSpec;
+
+use super::debezium::{DecimalHandling, Encodings};
+use super::{ChangeSource, OpenArgs, SourceBatch, SourceError, SourceKind};
+use crate::position::{Position, PositionKind};
+use consumer::{ConsumerConfig, run_consumer};
+use decode::{Format, MessageDecoder, TopicTable};
+
+/// Plans the `kafka` kind.
+pub struct KafkaSourceProvider {
+    def: SourceKindDef,
+}
+
+impl KafkaSourceProvider {
+    /// The `kafka` kind's definition.
+    pub fn new() -> Self {
+        use OptionType as T;
+        KafkaSourceProvider {
+            def: SourceKindDef {
+                name: "kafka",
+                exec_name: "KafkaSourceExec",
+                doc: "Kafka topics, by manual partition assignment (offsets live in the sinks)",
+                options: vec![
+                    OptionDef::new(
+                        "brokers",
+                        T::String,
+                        "bootstrap brokers: host:port[,host:port...]",
+                    )
+                    .required(),
+                    OptionDef::new(
+                        "format",
+                        T::Enum(&["debezium-json", "raw"]),
+                        "the message format: debezium-json = Debezium change events (with or without the schema part), raw = each message value is a row as a JSON object (an insert)",
+                    )
+                    .default("debezium-json"),
+                    OptionDef::new(
+                        "on_decode_error",
+                        T::Enum(&["fail", "skip"]),
+                        "a message that cannot be decoded: fail = stop the run naming topic, partition and offset; skip = log it and go on",
+                    )
+                    .default("fail"),
+                    OptionDef::new(
+                        "on_truncate",
+                        T::Enum(&["fail", "ignore"]),
+                        "a Debezium truncate event (op t): fail = stop the run; ignore = log it, the sink keeps its rows",
+                    )
+                    .default("fail"),
+                    OptionDef::new(
+                        "decimal_handling",
+                        T::Enum(&["precise", "string", "double"]),
+                        "how events without a schema part encode DECIMAL columns (Debezium's decimal.handling.mode); an event's schema part always decides",
+                    )
+                    .default("precise"),
+                    OptionDef::new(
+                        "time_precision",
+                        T::Enum(&["adaptive", "adaptive_time_microseconds", "connect"]),
+                        "the unit of integer TIME and TIMESTAMP values in events without a schema part (Debezium's time.precision.mode): adaptive = microseconds, connect = milliseconds",
+                    )
+                    .default("adaptive"),
+                    OptionDef::new(
+                        "metadata_refresh",
+                        T::Duration,
+                        "how often the topics' partitions are looked up again (new partitions are read from their earliest offset)",
+                    )
+                    .default("10s"),
+                ],
+                declares_tables: true,
+                table_options: vec![OptionDef::new(
+                    "topic",
+                    T::String,
+                    "the topic holding the table's changes (default: the table's name)",
+                )],
+                transport: Transport::Full,
+                rules: vec![],
+            },
+        }
+    }
+}
+
+impl Default for KafkaSourceProvider {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl SourceProvider for KafkaSourceProvider {
+    fn def(&self) -> &SourceKindDef {
+        &self.def
+    }
+
+    fn describe(&self, source: &SourceSpec) -> String {
+        format!(
+            "brokers={}, format={}",
+            source.options.get("brokers").unwrap_or("?"),
+            source.options.get("format").unwrap_or("debezium-json")
+        )
+    }
+}
+
+/// The `kafka` kind: offset positions.
+pub struct KafkaKind {
+    provider: Arc<KafkaSourceProvider>,
+}
+
+impl KafkaKind {
+    /// The kind.
+    pub fn new() -> Self {
+        KafkaKind {
+            provider: Arc::new(KafkaSourceProvider::new()),
+        }
+    }
+}
+
+impl Default for KafkaKind {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SourceKind for KafkaKind {
+    fn provider(&self) -> Arc<dyn SourceProvider> {
+        Arc::clone(&self.provider) as Arc<dyn SourceProvider>
+    }
+
+    fn position_kind(&self) -> PositionKind {
+        PositionKind::Offsets
+    }
+
+    fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
+        open(args)
+    }
+}
+
+/// The Kafka source, running: a consumer thread and a decoding thread
+/// feeding a channel.
+struct KafkaSource {
+    rx: mpsc::Receiver<Result<SourceBatch, SourceError>>,
+}
+
+fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
+    let spec = &args.plan.spec;
+    let options = &spec.options;
+    let start = match args.start {
+        None => None,
+        Some(Position::Offsets(o)) => Some(o),
+        Some(other) => {
+            return Err(SourceError::new(format!(
+                "{other} is not a Kafka position (topic:p0=N,...)"
+            )));
+        }
+    };
+    let format = match options.get("format") {
+        Some("raw") => Format::Raw,
+        _ => Format::DebeziumJson,
+    };
+    let encodings = Encodings::from_options(
+        options.get("decimal_handling"),
+        options.get("time_precision"),
+        DecimalHandling::Precise,
+    );
+    let tables = TopicTable::group(&args.plan.tables, &encodings)?;
+    let topics: Vec<String> = tables.iter().map(|t| t.topic.to_string()).collect();
+    let refresh = options
+        .get("metadata_refresh")
+        .map(urutau_planner::options::parse_duration)
+        .transpose()
+        .map_err(SourceError::new)?
+        .unwrap_or(std::time::Duration::from_secs(10));
+    let cfg = ConsumerConfig {
+        source: spec.name.name.clone(),
+        brokers: options.get("brokers").unwrap_or_default().to_string(),
+        topics,
+        start,
+        exit_when_caught_up: args.exit_when_caught_up,
+        policy: args.policy,
+        metadata_refresh: refresh,
+    };
+    let decoder = MessageDecoder::new(
+        spec.name.name.clone(),
+        tables,
+        format,
+        options.get("on_decode_error") == Some("skip"),
+        options.get("on_truncate") == Some("ignore"),
+    );
+    // Two batches in flight between each pair of stages: consuming,
+    // decoding and committing overlap.
+    let (raw_tx, raw_rx) = std::sync::mpsc::sync_channel(2);
+    let (tx, rx) = mpsc::channel(2);
+    let stop = Arc::clone(&args.stop);
+    let consumer_tx = tx.clone();
+    std::thread::Builder::new()
+        .name(format!("kafka-consumer-{}", spec.name))
+        .spawn(move || run_consumer(cfg, raw_tx, consumer_tx, stop))
+        .map_err(|e| SourceError::new(format!("cannot start the Kafka consumer: {e}")))?;
+    std::thread::Builder::new()
+        .name(format!("kafka-decoder-{}", spec.name))
+        .spawn(move || decoder.run(raw_rx, tx))
+        .map_err(|e| SourceError::new(format!("cannot start the Kafka decoder: {e}")))?;
+    Ok(Box::new(KafkaSource { rx }))
+}
+
+#[async_trait]
+impl ChangeSource for KafkaSource {
+    async fn next_batch(&mut self) -> Result<Option<SourceBatch>, SourceError> {
+        match self.rx.recv().await {
+            Some(Ok(b)) => Ok(Some(b)),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    async fn acknowledge(&mut self, _position: &Position) -> Result<(), SourceError> {
+        // Offsets live in the sinks; the broker's retention is its own.
+        Ok(())
+    }
+}

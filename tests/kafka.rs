@@ -1,0 +1,543 @@
+//! The Kafka source against a real Apache Kafka broker (tests/harness/kafka.py)
+//! and real Debezium events: a Postgres workload captured by the Debezium
+//! PostgreSQL connector (Kafka Connect), read by urutau into Iceberg and
+//! read back by DuckDB; partitions added and offsets deleted under a run;
+//! append-idempotent by the messages' coordinates.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, Row};
+
+use common::{Kafka, Postgres, run_to_end};
+
+/// Iceberg sink options: a SQLite catalog and a warehouse in `dir`.
+fn lake(dir: &Path) -> String {
+    format!(
+        "catalog = 'sql', uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/warehouse', namespace = 'bronze'",
+        d = dir.display()
+    )
+}
+
+/// DuckDB's read of `bronze.<table>` in `dir`'s catalog.
+async fn lake_rows(python: &Path, dir: &Path, table: &str, order_by: &str) -> Vec<Value> {
+    let loc = common::catalog_metadata_location(&dir.join("catalog.db"), "bronze", table)
+        .await
+        .unwrap_or_else(|| panic!("the catalog holds bronze.{table}"));
+    common::duckdb_rows(python, &loc, order_by)
+}
+
+const ACCT_COLUMNS: &str = "id INT NOT NULL, balance DECIMAL(10,2), ts TIMESTAMPTZ, d DATE, \
+     u UUID, j JSON, tags TEXT[], PRIMARY KEY (id)";
+
+/// The Postgres table's rows as DuckDB renders the Iceberg table's.
+async fn postgres_rows(pool: &sqlx::PgPool) -> Vec<Value> {
+    sqlx::query(
+        "SELECT json_build_object('id', id, 'balance', balance::text,
+            'ts', to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US') || '+00:00',
+            'd', to_char(d, 'YYYY-MM-DD'), 'u', u::text, 'j', j::text, 'tags', to_json(tags))::text
+         FROM acct ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| serde_json::from_str(&r.get::<String, _>(0)).unwrap())
+    .collect()
+}
+
+/// A random row's values (a fifth of them NULL) as SQL literals.
+fn random_values(rng: &mut rand::rngs::StdRng) -> [String; 6] {
+    let maybe = |rng: &mut rand::rngs::StdRng, v: String| {
+        if rng.random_range(0..5) == 0 {
+            "NULL".to_string()
+        } else {
+            v
+        }
+    };
+    let cents: i64 = rng.random_range(-9_999_999_999i64..=9_999_999_999);
+    let balance = format!(
+        "{}{}.{:02}",
+        if cents < 0 { "-" } else { "" },
+        cents.abs() / 100,
+        cents.abs() % 100
+    );
+    let micros: i64 = rng.random_range(-2_208_988_800_000_000i64..4_102_444_800_000_000);
+    let ts = format!("(timestamptz 'epoch' + {micros} * interval '1 microsecond')");
+    let days: i64 = rng.random_range(-25_567..47_482);
+    let d = format!("(date '1970-01-01' + {days})");
+    let u = format!("'{}'::uuid", uuid::Uuid::from_u128(rng.random()));
+    let words = ["a", "b c", "d\"e", "ç", "{x}", ""];
+    let j = format!(
+        "'{}'::jsonb",
+        json!({"n": rng.random_range(0..1000), "w": words[rng.random_range(0..words.len())], "l": [1, null]})
+            .to_string()
+            .replace('\'', "''")
+    );
+    let n = rng.random_range(0..4);
+    let tags: Vec<String> = (0..n)
+        .map(|_| {
+            if rng.random_range(0..6) == 0 {
+                "NULL".to_string()
+            } else {
+                format!(
+                    "'{}'",
+                    words[rng.random_range(0..words.len())].replace('\'', "''")
+                )
+            }
+        })
+        .collect();
+    let tags = format!("ARRAY[{}]::text[]", tags.join(","));
+    [
+        maybe(rng, balance),
+        maybe(rng, ts),
+        maybe(rng, d),
+        maybe(rng, u),
+        maybe(rng, j),
+        maybe(rng, tags),
+    ]
+}
+
+/// A seeded workload on `acct`: inserts, updates, primary-key changes,
+/// deletes and re-inserts, in transactions of 1-4 statements. Returns how
+/// many Kafka messages Debezium emits for it (a key change is a delete, a
+/// tombstone and a create; a delete is a delete and a tombstone).
+async fn workload(pool: &sqlx::PgPool, seed: u64, ops: usize, present: &mut Vec<i32>) -> usize {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut messages = 0;
+    let mut done = 0;
+    while done < ops {
+        let mut tx = pool.begin().await.unwrap();
+        for _ in 0..rng.random_range(1..=4) {
+            done += 1;
+            let roll = rng.random_range(0..100);
+            if present.is_empty() || roll < 30 {
+                // Insert (or re-insert) an id that is not there.
+                let id = loop {
+                    let id = rng.random_range(1..600);
+                    if !present.contains(&id) {
+                        break id;
+                    }
+                };
+                let v = random_values(&mut rng);
+                tx.execute(format!("INSERT INTO acct VALUES ({id}, {})", v.join(", ")).as_str())
+                    .await
+                    .unwrap();
+                present.push(id);
+                messages += 1;
+            } else if roll < 75 {
+                let id = present[rng.random_range(0..present.len())];
+                let v = random_values(&mut rng);
+                tx.execute(
+                    format!(
+                        "UPDATE acct SET balance = {}, ts = {}, d = {}, u = {}, j = {}, tags = {} WHERE id = {id}",
+                        v[0], v[1], v[2], v[3], v[4], v[5]
+                    )
+                    .as_str(),
+                )
+                .await
+                .unwrap();
+                messages += 1;
+            } else if roll < 85 {
+                let i = rng.random_range(0..present.len());
+                let to = loop {
+                    let id = rng.random_range(1..600);
+                    if !present.contains(&id) {
+                        break id;
+                    }
+                };
+                tx.execute(format!("UPDATE acct SET id = {to} WHERE id = {}", present[i]).as_str())
+                    .await
+                    .unwrap();
+                present[i] = to;
+                messages += 3;
+            } else {
+                let i = rng.random_range(0..present.len());
+                tx.execute(format!("DELETE FROM acct WHERE id = {}", present[i]).as_str())
+                    .await
+                    .unwrap();
+                present.swap_remove(i);
+                messages += 2;
+            }
+        }
+        tx.commit().await.unwrap();
+    }
+    messages
+}
+
+/// Real Debezium end to end: a Postgres workload captured by Debezium
+/// (default settings: precise decimals, adaptive time; the schema part on
+/// or off) through Kafka into Iceberg, urutau killed with kill -9 five
+/// times; DuckDB's read equals Postgres row for row. The same messages,
+/// exported to a change file, read by the file source, land equal too.
+async fn debezium_into_iceberg(schemas: bool, seed: u64) {
+    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let dir = tempfile::tempdir().unwrap();
+    let pg =
+        Postgres::start(&dir.path().join("pg")).expect("PostgreSQL (apt-get install postgresql)");
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&pg.uri())
+        .await
+        .unwrap();
+    pool.execute(
+        "CREATE TABLE acct (id int PRIMARY KEY, balance numeric(10,2), ts timestamptz, d date,
+           u uuid, j jsonb, tags text[])",
+    )
+    .await
+    .unwrap();
+    let mut present = Vec::new();
+    // Rows there before Debezium starts arrive as its snapshot (op r).
+    workload(&pool, seed, 300, &mut present).await;
+    let mut messages = present.len();
+    let mut kafka = Kafka::start(&python, dir.path());
+    kafka.start_debezium(&pg, "dbz_slot", "public.acct", "dbz", schemas);
+    messages += workload(&pool, seed + 1, 2500, &mut present).await;
+    let expected = postgres_rows(&pool).await;
+    // Every event is in Kafka (Debezium emits asynchronously).
+    let values = kafka.values("dbz.public.acct", messages);
+    assert!(
+        values.iter().any(|v| v.contains("\"op\":\"r\""))
+            && values.iter().any(|v| v.contains("\"op\":\"d\"")),
+        "Debezium emitted snapshot rows and deletes"
+    );
+    assert_eq!(
+        values.iter().any(|v| v.starts_with("{\"schema\":")),
+        schemas,
+        "the schema part is there exactly when enabled"
+    );
+
+    let lake_dir = dir.path().join("lake");
+    std::fs::create_dir_all(&lake_dir).unwrap();
+    let p = lake_dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE kt WITH (max_batch_rows = 20, progress_interval = '1h');
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.acct ({ACCT_COLUMNS}) WITH (topic = 'dbz.public.acct');
+CREATE TABLE lake.acct AS SELECT * FROM k.acct;
+",
+            brokers = kafka.brokers,
+            lake = lake(&lake_dir)
+        ),
+    )
+    .unwrap();
+    common::kill_9_runs(&p, seed, 5, 150..700);
+    run_to_end(&p);
+    let got = lake_rows(&python, &lake_dir, "acct", "id").await;
+    assert_eq!(got.len(), expected.len(), "row count");
+    for (g, e) in got.iter().zip(&expected) {
+        assert_eq!(g, e, "DuckDB's row differs from Postgres'");
+    }
+
+    // The file source reads the same real Debezium messages.
+    let file_dir = dir.path().join("file");
+    std::fs::create_dir_all(&file_dir).unwrap();
+    let events = file_dir.join("dbz.jsonl");
+    std::fs::write(&events, values.join("\n") + "\n").unwrap();
+    // Without a schema part, the file says how decimals are encoded;
+    // with one, the schema part decides.
+    let decimals = if schemas {
+        String::new()
+    } else {
+        ", decimal_handling = 'precise'".to_string()
+    };
+    let p = file_dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE ft;
+CREATE SOURCE f FROM file WITH (path = '{events}'{decimals});
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE f.acct ({ACCT_COLUMNS});
+CREATE TABLE lake.acct AS SELECT * FROM f.acct;
+",
+            events = events.display(),
+            lake = lake(&file_dir)
+        ),
+    )
+    .unwrap();
+    run_to_end(&p);
+    let got = lake_rows(&python, &file_dir, "acct", "id").await;
+    assert!(
+        got == expected,
+        "the file source's read of the exported messages differs"
+    );
+}
+
+#[tokio::test]
+async fn debezium_events_without_schemas_land_equal_to_postgres_through_kill_9() {
+    debezium_into_iceberg(false, 41).await;
+}
+
+#[tokio::test]
+async fn debezium_events_with_schemas_land_equal_to_postgres_through_kill_9() {
+    debezium_into_iceberg(true, 43).await;
+}
+
+/// A file of real Debezium messages (base64 decimals) without the option
+/// that says so is refused, with a hint; nothing is committed.
+#[tokio::test]
+async fn base64_decimals_without_decimal_handling_are_an_error_with_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("e.jsonl");
+    std::fs::write(
+        &events,
+        r#"{"before":null,"after":{"id":1,"balance":"BBo="},"source":{"table":"acct","schema":"public","ts_ms":1},"op":"c"}
+"#,
+    )
+    .unwrap();
+    let p = dir.path().join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE ft;
+CREATE SOURCE f FROM file WITH (path = '{}');
+CREATE SINK out INTO debug;
+CREATE TABLE f.acct (id INT NOT NULL, balance DECIMAL(10,2), PRIMARY KEY (id));
+CREATE TABLE out.acct AS SELECT * FROM f.acct;
+",
+            events.display()
+        ),
+    )
+    .unwrap();
+    let out = common::urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("e.jsonl:1") && err.contains("\"BBo=\""),
+        "{err}"
+    );
+    assert!(err.contains("decimal_handling = 'precise'"), "{err}");
+}
+
+/// Raw JSON rows in a partitioned topic: a partition added between runs is
+/// read from its beginning, one added while a run tails the topic is found
+/// by the metadata refresh; offsets deleted before the sink committed them
+/// stop the run, naming topic, partition and offset.
+#[tokio::test]
+async fn new_partitions_are_read_and_deleted_offsets_stop_the_run() {
+    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start(&python, dir.path());
+    kafka.create_topic("items", 3);
+    let rows = |ids: std::ops::Range<i64>, partition: Option<i32>| -> Vec<Value> {
+        ids.map(|i| {
+            let mut m = json!({"key": i.to_string(), "value": json!({"id": i, "v": format!("v{i}")}).to_string()});
+            if let Some(p) = partition {
+                m["partition"] = json!(p);
+            }
+            m
+        })
+        .collect()
+    };
+    kafka.produce("items", &rows(0..300, None));
+    let lake_dir = dir.path().join("lake");
+    std::fs::create_dir_all(&lake_dir).unwrap();
+    let p = lake_dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE kt WITH (max_batch_rows = 50, max_batch_interval = '200ms');
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'raw', metadata_refresh = '1s');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.items (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.items WITH (primary_key = 'id') AS
+  SELECT id, v, _shard AS part, _sequence AS off FROM k.items;
+",
+            brokers = kafka.brokers,
+            lake = lake(&lake_dir)
+        ),
+    )
+    .unwrap();
+    run_to_end(&p);
+    let ids = |rows: &[Value]| -> HashSet<i64> {
+        rows.iter().map(|r| r["id"].as_i64().unwrap()).collect()
+    };
+    let got = lake_rows(&python, &lake_dir, "items", "id").await;
+    assert_eq!(ids(&got), (0..300).collect());
+    let parts: HashSet<i64> = got.iter().map(|r| r["part"].as_i64().unwrap()).collect();
+    assert_eq!(
+        parts,
+        HashSet::from([0, 1, 2]),
+        "keys spread over the partitions"
+    );
+
+    // A fourth partition, present at the next start: read from its beginning.
+    kafka.add_partitions("items", 4);
+    kafka.produce("items", &rows(300..350, Some(3)));
+    run_to_end(&p);
+    let got = lake_rows(&python, &lake_dir, "items", "id").await;
+    assert_eq!(ids(&got), (0..350).collect());
+
+    // A fifth, added while a run tails the topic.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", p.to_str().unwrap(), "--log-level", "warn"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    kafka.add_partitions("items", 5);
+    kafka.produce("items", &rows(350..400, Some(4)));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let got = lake_rows(&python, &lake_dir, "items", "id").await;
+        if ids(&got) == (0..400).collect() {
+            assert!(got.iter().filter(|r| r["part"] == json!(4)).count() == 50);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new partition's messages did not arrive: {} rows",
+            got.len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // Retention removes offsets of partition 0 that no sink committed.
+    let offsets = kafka.produce("items", &rows(400..420, Some(0)));
+    let (_, last) = offsets.last().copied().unwrap();
+    let first_new = offsets[0].1;
+    let low = kafka.delete_records("items", 0, last + 1);
+    assert_eq!(low, last + 1);
+    let out = common::urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "topic items partition 0: offset {first_new} is no longer on the broker"
+        )),
+        "{err}"
+    );
+    // Nothing was skipped: the table is as before.
+    let got = lake_rows(&python, &lake_dir, "items", "id").await;
+    assert_eq!(ids(&got), (0..400).collect());
+}
+
+/// Append-idempotent on Kafka: every message lands once with its
+/// coordinate (topic, partition, offset) and message fields, through kill
+/// -9s and a replay forced by a new route that reads from the beginning.
+#[tokio::test]
+async fn append_idempotent_lands_each_message_once_by_its_coordinate() {
+    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start(&python, dir.path());
+    kafka.create_topic("events", 3);
+    let n = 6000i64;
+    let messages: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({
+                "key": format!("k{}", i % 500),
+                "value": json!({"id": i % 500, "n": i}).to_string(),
+                "headers": {"h": format!("x{i}")},
+            })
+        })
+        .collect();
+    let offsets = kafka.produce("events", &messages);
+    let expected: HashSet<(i32, i64, i64)> = offsets
+        .iter()
+        .zip(0..n)
+        .map(|((p, o), i)| (*p, *o, i))
+        .collect();
+    let lake_dir = dir.path().join("lake");
+    std::fs::create_dir_all(&lake_dir).unwrap();
+    let p = lake_dir.join("p.sql");
+    let pipeline = |extra: &str| {
+        format!(
+            "CREATE PIPELINE kt WITH (max_batch_rows = 100, progress_interval = '1h');
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'raw');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.events (id BIGINT NOT NULL, n BIGINT, PRIMARY KEY (id));
+CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
+  SELECT n, _stream AS stream, _shard AS shard, _sequence AS seq,
+         _msg_key AS msg_key, _headers AS headers FROM k.events;
+{extra}",
+            brokers = kafka.brokers,
+            lake = lake(&lake_dir)
+        )
+    };
+    std::fs::write(&p, pipeline("")).unwrap();
+    common::kill_9_runs(&p, 7, 5, 150..600);
+    run_to_end(&p);
+    // A new route: the source starts over from the beginning, and `log`,
+    // which holds it all, is sent it again.
+    std::fs::write(
+        &p,
+        pipeline(
+            "CREATE TABLE lake.latest WITH (primary_key = 'id') AS SELECT id, n FROM k.events;\n",
+        ),
+    )
+    .unwrap();
+    run_to_end(&p);
+    let rows = lake_rows(&python, &lake_dir, "log", "shard, seq").await;
+    let mut seen = HashSet::new();
+    for r in &rows {
+        assert_eq!(r["stream"], json!("events"));
+        let c = (
+            r["shard"].as_i64().unwrap() as i32,
+            r["seq"].as_i64().unwrap(),
+        );
+        assert!(seen.insert(c), "coordinate {c:?} twice");
+        let i = r["n"].as_i64().unwrap();
+        // Binary, which DuckDB renders as hex.
+        assert_eq!(r["msg_key"], json!(hex::encode(format!("k{}", i % 500))));
+        assert_eq!(
+            serde_json::from_str::<Value>(r["headers"].as_str().unwrap()).unwrap(),
+            json!({"h": format!("x{i}")})
+        );
+    }
+    let got: HashSet<(i32, i64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["shard"].as_i64().unwrap() as i32,
+                r["seq"].as_i64().unwrap(),
+                r["n"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), n as usize, "one row per message");
+    assert!(got == expected, "every message at its coordinate");
+    let latest = lake_rows(&python, &lake_dir, "latest", "id").await;
+    assert_eq!(latest.len(), 500);
+}
+
+/// Pipelines that cannot work are refused before anything runs.
+#[test]
+fn kafka_pipelines_are_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |text: &str| -> (Option<i32>, String) {
+        let p: PathBuf = dir.path().join("p.sql");
+        std::fs::write(&p, text).unwrap();
+        let out = common::urutau(&["plan", p.to_str().unwrap()]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, err) = check(
+        "CREATE PIPELINE p;
+CREATE SOURCE k FROM kafka WITH (brokers = 'b:9092', format = 'avro2');
+CREATE SINK out INTO debug;
+CREATE TABLE k.t (id INT NOT NULL, PRIMARY KEY (id)) WITH (topik = 'x');
+CREATE TABLE out.t AS SELECT * FROM k.t;
+",
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("format"), "{err}");
+    assert!(
+        err.contains("unknown option `topik`") && err.contains("did you mean `topic`"),
+        "{err}"
+    );
+    assert!(err.contains("p.sql:4:"), "{err}");
+}
