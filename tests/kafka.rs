@@ -540,4 +540,294 @@ CREATE TABLE out.t AS SELECT * FROM k.t;
         "{err}"
     );
     assert!(err.contains("p.sql:4:"), "{err}");
+    let (code, err) = check(
+        "CREATE PIPELINE p;
+CREATE SOURCE k FROM kafka WITH (brokers = 'b:9092', format = 'avro', decimal_handling = 'string');
+CREATE SINK out INTO debug;
+CREATE TABLE k.t (id INT NOT NULL, PRIMARY KEY (id));
+CREATE TABLE out.t AS SELECT * FROM k.t;
+",
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("format = 'avro' needs schema_registry"),
+        "{err}"
+    );
+    assert!(
+        err.contains("p.sql:2:71") && err.contains("Avro schemas carry their types"),
+        "{err}"
+    );
+    let (code, err) = check(
+        "CREATE PIPELINE p;
+CREATE SOURCE k FROM kafka WITH (brokers = 'b:9092', schema_registry = 'http://u:secret@r:8081');
+CREATE SINK out INTO debug;
+CREATE TABLE k.t (id INT NOT NULL, PRIMARY KEY (id));
+CREATE TABLE out.t AS SELECT * FROM k.t;
+",
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("schema_registry is for format = 'avro'"),
+        "{err}"
+    );
+    assert!(!err.contains("secret"), "a secret in an error: {err}");
+}
+
+/// The test harness's stand-in for a Confluent schema registry
+/// (tests/harness/schema_registry.py: no real registry can be installed
+/// here), stopped when dropped.
+struct SchemaRegistry {
+    url: String,
+    dir: PathBuf,
+}
+
+impl SchemaRegistry {
+    fn start(dir: &Path) -> SchemaRegistry {
+        let dir = dir.join("registry");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = std::process::Command::new("python3")
+            .arg(common::harness_script("schema_registry.py"))
+            .args(["start", "--dir"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+        SchemaRegistry {
+            url: info["url"].as_str().unwrap().to_string(),
+            dir,
+        }
+    }
+
+    /// How often each schema id was fetched.
+    fn fetches(&self) -> Value {
+        let out = std::process::Command::new("curl")
+            .args(["-s", &format!("{}/_stats", self.url)])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["schema_fetches"].clone()
+    }
+}
+
+impl Drop for SchemaRegistry {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("python3")
+            .arg(common::harness_script("schema_registry.py"))
+            .args(["stop", "--dir"])
+            .arg(&self.dir)
+            .output();
+    }
+}
+
+fn micros_text(micros: i64, zone: &str) -> String {
+    chrono::DateTime::from_timestamp_micros(micros)
+        .unwrap()
+        .format(&format!("%Y-%m-%dT%H:%M:%S%.6f{zone}"))
+        .to_string()
+}
+
+fn days_text(days: i64) -> String {
+    (chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap() + chrono::Duration::days(days))
+        .format("%Y-%m-%d")
+        .to_string()
+}
+
+/// Avro in Confluent's wire format through the registry: plain records and
+/// Debezium envelopes (Connect's logical types: Decimal, ZonedTimestamp,
+/// MicroTimestamp, Date, Uuid), each schema fetched once.
+#[tokio::test]
+async fn avro_through_the_schema_registry_lands_correctly() {
+    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start(&python, dir.path());
+    let registry = SchemaRegistry::start(dir.path());
+    kafka.create_topic("plain", 2);
+    kafka.create_topic("dbz.public.acct", 1);
+    let avro = |topic: &str, schema: &str, lines: &[Value]| {
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let schema = common::harness_script("avro").join(schema);
+        kafka.command(
+            &[
+                "produce-avro",
+                "--brokers",
+                &kafka.brokers,
+                "--topic",
+                topic,
+                "--registry",
+                &registry.url,
+                "--schema-file",
+                schema.to_str().unwrap(),
+            ],
+            Some(&text),
+        )
+    };
+    let mut plain = Vec::new();
+    let mut expected_plain = Vec::new();
+    for i in 0..60i64 {
+        let ts = 1_700_000_000_000_000 + i * 1_234_567;
+        let v = json!({"id": i, "name": format!("n{i}"), "amount": format!("{}.{:02}", i * 7 - 100, i % 100),
+            "ts": ts, "d": 19_000 + i, "u": format!("00000000-0000-4000-8000-{:012}", i),
+            "opt": if i % 3 == 0 { Value::Null } else { json!(format!("o{i}")) }});
+        expected_plain.push(json!({"id": i, "name": format!("n{i}"),
+            "amount": format!("{}.{:02}", i * 7 - 100, i % 100), "ts": micros_text(ts, "+00:00"),
+            "d": days_text(19_000 + i), "u": format!("00000000-0000-4000-8000-{:012}", i),
+            "opt": v["opt"].clone()}));
+        plain.push(json!({"key": i.to_string(), "value": v}));
+    }
+    avro("plain", "plain.avsc", &plain);
+
+    // Debezium envelopes: a snapshot, creates, updates, deletes + tombstones.
+    let source = |snapshot: &str| {
+        json!({"version": "3.6.1.Final", "connector": "postgresql", "name": "dbz", "ts_ms": 1_700_000_000_000i64,
+            "snapshot": snapshot, "db": "postgres", "schema": "public", "table": "acct", "txId": 7, "lsn": 100})
+    };
+    let image = |id: i64, version: i64| {
+        json!({"id": id, "name": format!("a{id}-{version}"), "balance": format!("{}.5{}", id - 10, version % 10),
+            "opened_at": "2024-01-02T03:04:05.123456Z", "updated_at": 1_700_000_000_000_000i64 + id * 1000 + version,
+            "birthday": -365 + id, "ref": format!("10000000-0000-4000-8000-{:012}", id)})
+    };
+    let mut events = Vec::new();
+    let mut state = std::collections::BTreeMap::new();
+    for id in 0..20 {
+        events.push(json!({"value": {"before": null, "after": image(id, 0), "source": source("true"), "op": "r", "ts_ms": 1}}));
+        state.insert(id, image(id, 0));
+    }
+    for id in 20..30 {
+        events.push(json!({"value": {"before": null, "after": image(id, 0), "source": source("false"), "op": "c", "ts_ms": 1}}));
+        state.insert(id, image(id, 0));
+    }
+    for id in (0..30).step_by(3) {
+        events.push(json!({"value": {"before": null, "after": image(id, 1), "source": source("false"), "op": "u", "ts_ms": 1}}));
+        state.insert(id, image(id, 1));
+    }
+    for id in (0..30).step_by(5) {
+        let key_only = json!({"id": id, "name": null, "balance": null, "opened_at": null, "updated_at": null, "birthday": null, "ref": null});
+        events.push(json!({"value": {"before": key_only, "after": null, "source": source("false"), "op": "d", "ts_ms": 1}}));
+        events.push(json!({"key": id.to_string(), "value": null}));
+        state.remove(&id);
+    }
+    avro("dbz.public.acct", "debezium_acct.avsc", &events);
+
+    let lake_dir = dir.path().join("lake");
+    std::fs::create_dir_all(&lake_dir).unwrap();
+    let p = lake_dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE av WITH (max_batch_rows = 25);
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'avro', schema_registry = '{url}');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.plain (id INT NOT NULL, name VARCHAR, amount DECIMAL(10,2), ts TIMESTAMPTZ, d DATE, u UUID, opt VARCHAR, PRIMARY KEY (id));
+CREATE TABLE k.acct (id INT NOT NULL, name VARCHAR, balance DECIMAL(10,2), opened_at TIMESTAMPTZ,
+  updated_at TIMESTAMP, birthday DATE, ref UUID, PRIMARY KEY (id)) WITH (topic = 'dbz.public.acct');
+CREATE TABLE lake.plain AS SELECT * FROM k.plain;
+CREATE TABLE lake.acct AS SELECT * FROM k.acct;
+",
+            brokers = kafka.brokers,
+            url = registry.url,
+            lake = lake(&lake_dir)
+        ),
+    )
+    .unwrap();
+    run_to_end(&p);
+    assert_eq!(
+        lake_rows(&python, &lake_dir, "plain", "id").await,
+        expected_plain
+    );
+    let expected_acct: Vec<Value> = state
+        .values()
+        .map(|v| {
+            let mut v = v.clone();
+            v["opened_at"] = json!("2024-01-02T03:04:05.123456+00:00");
+            v["updated_at"] = json!(micros_text(v["updated_at"].as_i64().unwrap(), ""));
+            v["birthday"] = json!(days_text(v["birthday"].as_i64().unwrap()));
+            v
+        })
+        .collect();
+    assert_eq!(
+        lake_rows(&python, &lake_dir, "acct", "id").await,
+        expected_acct
+    );
+    // Each schema was fetched once, not per message.
+    let fetches = registry.fetches();
+    assert!(
+        fetches
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|n| n == &json!(1))
+            && fetches.as_object().unwrap().len() == 2,
+        "{fetches}"
+    );
+}
+
+/// Append-idempotent on Kafka into ClickHouse, partitioned (4 workers,
+/// whose replays after a kill are at-least-once): through kill -9s, every
+/// message reads once under `FINAL`, at its coordinate.
+#[tokio::test]
+async fn append_idempotent_into_clickhouse_reads_each_message_once_under_final() {
+    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start(&python, dir.path());
+    let ch = common::ClickHouse::start(&python, &dir.path().join("ch"));
+    ch.fresh_database("urutau_t_kafka").await;
+    kafka.create_topic("events", 3);
+    let n = 4000i64;
+    let messages: Vec<Value> = (0..n)
+        .map(|i| json!({"key": format!("k{}", i % 300), "value": json!({"id": i % 300, "n": i}).to_string()}))
+        .collect();
+    let offsets = kafka.produce("events", &messages);
+    let p = dir.path().join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE kt WITH (max_batch_rows = 100, progress_interval = '1h');
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'raw');
+CREATE SINK ch INTO clickhouse WITH ({options});
+CREATE TABLE k.events (id BIGINT NOT NULL, n BIGINT, PRIMARY KEY (id));
+CREATE TABLE ch.log WITH (write_mode = 'append-idempotent', workers = 4) AS
+  SELECT n, _stream AS stream, _shard AS shard, _sequence AS sequence FROM k.events;
+",
+            brokers = kafka.brokers,
+            options = ch.sink_options("urutau_t_kafka")
+        ),
+    )
+    .unwrap();
+    common::kill_9_runs(&p, 11, 5, 150..600);
+    run_to_end(&p);
+    let once = ch
+        .rows("SELECT count() AS n, uniqExact(stream, shard, sequence) AS u FROM urutau_t_kafka.log FINAL")
+        .await;
+    assert_eq!(
+        once[0]["n"].as_u64().unwrap(),
+        n as u64,
+        "one row per message under FINAL"
+    );
+    assert_eq!(
+        once[0]["u"].as_u64().unwrap(),
+        n as u64,
+        "each at its own coordinate"
+    );
+    let read: HashSet<(i32, i64, i64)> = ch
+        .rows("SELECT shard, sequence, n FROM urutau_t_kafka.log FINAL")
+        .await
+        .iter()
+        .map(|r| {
+            let num = |k: &str| match &r[k] {
+                Value::String(s) => s.parse::<i64>().unwrap(),
+                v => v.as_i64().unwrap(),
+            };
+            (num("shard") as i32, num("sequence"), num("n"))
+        })
+        .collect();
+    let expected: HashSet<(i32, i64, i64)> = offsets
+        .iter()
+        .zip(0..n)
+        .map(|((p, o), i)| (*p, *o, i))
+        .collect();
+    assert!(read == expected, "every message at its coordinate");
 }

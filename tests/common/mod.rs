@@ -33,6 +33,8 @@ pub fn kill_9_runs(
     let (mut done, mut runs) = (0, 0);
     while done < kills && runs < 40 {
         runs += 1;
+        // The run's log, for the message if it fails.
+        let log_path = pipeline.with_extension(format!("run{runs}.log"));
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
             .args([
                 "run",
@@ -42,7 +44,7 @@ pub fn kill_9_runs(
                 "warn",
             ])
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(
@@ -55,7 +57,11 @@ pub fn kill_9_runs(
                 done += 1;
             }
             Some(status) => {
-                assert!(status.success(), "a run between kills failed: {status}");
+                assert!(
+                    status.success(),
+                    "a run between kills failed: {status}: {}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
                 break;
             }
         }

@@ -21,6 +21,47 @@ message on failure.
       {name: str|null}, "timestamp_ms": int} (all but value optional; null
       value = tombstone) -> {"count": n, "offsets": [[partition, offset], ...]}
       (input order). Keys are partitioned with murmur2 like the Java client.
+  kafka.py produce-avro --brokers B --topic T --registry URL --schema-file F
+      [--key-schema-file K] [--subject S] [--key-subject S] [--no-offsets] < JSON lines
+      {"value": object|null, "key": ..., "partition": int, "headers": {name: str|null},
+      "timestamp_ms": int} (all but value optional) -> registers F (and K) with
+      the registry (POST /subjects/<S>/versions; subjects default to T-value /
+      T-key), then produces Confluent wire-format messages: 0x00, the schema id
+      (4 bytes big-endian), the Avro binary body (fastavro schemaless_writer);
+      null value = tombstone (no bytes at all). Key: with K, encoded and framed
+      like the value; without K, a string sent as raw UTF-8 (null/absent: no
+      key); murmur2-partitioned on the bytes sent. Every line is converted and
+      encoded before anything is registered or sent. Prints {"count": n,
+      "schema_id": id, "key_schema_id": id (with K only), "offsets":
+      [[partition, offset], ...]} (input order). JSON -> Avro, per schema type:
+        null: null. boolean: true/false. int, long: JSON integers only (range-
+          checked); so date (days), time-millis (int ms), time-micros,
+          timestamp-millis/-micros/-nanos and local-timestamp-* (epoch units)
+          take the integer AS IS, no strings.
+        float, double: any JSON number, or "NaN", "Infinity", "-Infinity".
+        string: a string; logicalType uuid: a string that parses as a UUID, sent
+          as given.
+        bytes, fixed: a string (its UTF-8 bytes), {"base64": "..."} or
+          {"hex": "..."}; fixed: exactly size bytes.
+        decimal (bytes or fixed): a string such as "10.50" or "-3" or a JSON
+          number (read exactly, never through a float), scaled to the schema's
+          scale (fewer fractional digits are padded, more are an error, never
+          rounded), at most precision digits; written as the minimal big-endian
+          two's complement of the unscaled value, as Java's
+          BigInteger.toByteArray (Kafka Connect, Debezium) writes it, or sign-
+          extended to a fixed's size. {"base64"/"hex": ...} sends raw bytes.
+        enum: a symbol. array: a list. map: an object. record: an object; a
+          missing field takes its schema default (Avro JSON form: bytes defaults
+          one code point per byte, a union default of the first branch), with no
+          default it is an error, and so is an unknown member.
+        union: {"<branch>": value} picks that branch explicitly when the object
+          has exactly one member and its name is a branch's (a named type's full
+          or short name, or "null", "long", "string", "array", "map", ...: the
+          type name, whatever the logicalType: {"long": 5}); any other value
+          goes to the FIRST branch that takes it, in schema order (null -> "null";
+          so ["string", decimal] takes "1.5" as the string). The explicit form
+          wins: a map value that looks like one must be wrapped ({"map": {...}}).
+          The chosen branch is passed to fastavro in its tuple notation.
   kafka.py delete-records --brokers B --topic T --partition P --before OFFSET
       -> {"topic", "partition", "low_watermark"}
   kafka.py watermarks --brokers B --topic T -> {"partitions": {"0": [low, high]}}
@@ -43,11 +84,13 @@ message on failure.
   kafka.py connect-stop --dir D              -> SIGTERM (offsets flush), then
                                                 SIGKILL after 15 s; idempotent
 
-Dependencies: Python 3 stdlib, confluent-kafka (tests/harness/requirements.txt),
+Dependencies: Python 3 stdlib, confluent-kafka, fastavro for produce-avro
+(tests/harness/requirements.txt),
 Java 17+ for the servers, psql for connect-start.
 """
 import argparse
 import base64
+import decimal
 import glob
 import json
 import os
@@ -573,6 +616,368 @@ def cmd_produce(args):
     emit(out)
 
 
+# --- Avro in the Confluent wire format (produce-avro) -----------------------
+
+AVRO_CT = "application/vnd.schemaregistry.v1+json"
+INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
+AVRO_LONG_MIN, AVRO_LONG_MAX = -(1 << 63), (1 << 63) - 1
+NAMED_AVRO_TYPES = ("record", "error", "enum", "fixed")
+
+
+class AvroInputError(Exception):
+    pass
+
+
+def registry_register(url, subject, schema_text):
+    """POST {url}/subjects/{subject}/versions -> the schema id."""
+    from urllib.parse import quote
+    req = urllib.request.Request(
+        f"{url.rstrip('/')}/subjects/{quote(subject, safe='')}/versions",
+        data=json.dumps({"schema": schema_text, "schemaType": "AVRO"}).encode(), method="POST",
+        headers={"Content-Type": AVRO_CT, "Accept": AVRO_CT})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode(errors="replace")[:2000]
+        fail(f"the registry refused the schema for subject {subject!r}: HTTP {e.code} {detail}")
+    except (urllib.error.URLError, OSError) as e:
+        fail(f"the registry at {url} is unreachable: {e}")
+    except ValueError as e:
+        fail(f"the registry's answer for subject {subject!r} is not JSON: {e}")
+    if not isinstance(body, dict) or not isinstance(body.get("id"), int):
+        fail(f"the registry's answer for subject {subject!r} has no integer id: {body!r}")
+    return body["id"]
+
+
+def load_avro_schema(path):
+    """(compact schema text, fastavro parsed schema, named types) of an .avsc file."""
+    try:
+        import fastavro
+    except ImportError:
+        fail("the fastavro package is missing: pip install -r tests/harness/requirements.txt "
+             "(fastavro==1.13.1), or run with the venv python from tests/harness/setup")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except OSError as e:
+        fail(f"cannot read the schema file {path}: {e}")
+    except ValueError as e:
+        fail(f"the schema file {path} is not JSON: {e}")
+    named = {}
+    try:
+        parsed = fastavro.parse_schema(raw, named)
+    except Exception as e:
+        fail(f"the schema file {path} is not a valid Avro schema: {type(e).__name__}: {e}")
+    return json.dumps(raw, separators=(",", ":"), ensure_ascii=False), parsed, named
+
+
+class AvroFromJson:
+    """Turns a JSON value into the datum fastavro writes for a (parsed) schema,
+    exactly: every logical type is turned into its physical value here, and
+    every union value into fastavro's tuple notation (branch name, value), so
+    fastavro itself neither converts nor guesses. What is accepted is listed in
+    the module docstring (produce-avro)."""
+
+    def __init__(self, named):
+        self.named = named
+
+    def resolve(self, s):
+        while isinstance(s, str) and s in self.named:
+            s = self.named[s]
+        return s
+
+    @staticmethod
+    def branch_name(b):
+        """The name fastavro's tuple notation uses for a union branch."""
+        if isinstance(b, str):
+            return b
+        if isinstance(b, dict):
+            if b.get("type") in NAMED_AVRO_TYPES:
+                return b["name"]
+            if isinstance(b.get("type"), str):
+                return b["type"]
+        raise AvroInputError(f"unsupported union branch {b!r}")
+
+    def conv(self, s, v, path, default=False):
+        s = self.resolve(s)
+        if isinstance(s, list):
+            return self.union(s, v, path, default)
+        props = s if isinstance(s, dict) else {}
+        t = props.get("type") if isinstance(s, dict) else s
+        if isinstance(t, (dict, list)):
+            return self.conv(t, v, path, default)
+        lt = props.get("logicalType")
+
+        def bad(what):
+            return AvroInputError(f"{path}: {what}, got {json.dumps(v, default=str)[:200]}")
+
+        if t == "null":
+            if v is not None:
+                raise bad("expected null")
+            return None
+        if t == "boolean":
+            if not isinstance(v, bool):
+                raise bad("expected true or false")
+            return v
+        if t in ("int", "long"):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise bad(f"expected an integer ({t}{', ' + lt if lt else ''})")
+            lo, hi = (INT_MIN, INT_MAX) if t == "int" else (AVRO_LONG_MIN, AVRO_LONG_MAX)
+            if not lo <= v <= hi:
+                raise bad(f"out of range for {t}")
+            return v
+        if t in ("float", "double"):
+            if isinstance(v, str) and v in ("NaN", "Infinity", "-Infinity"):
+                return float(v.replace("Infinity", "inf"))
+            if isinstance(v, bool) or not isinstance(v, (int, float, decimal.Decimal)):
+                raise bad(f"expected a number (or \"NaN\", \"Infinity\", \"-Infinity\") for {t}")
+            return float(v)
+        if t == "string":
+            if not isinstance(v, str):
+                raise bad("expected a string")
+            if lt == "uuid":
+                try:
+                    uuid.UUID(v)
+                except ValueError:
+                    raise bad("expected a UUID string")
+            return v
+        if t in ("bytes", "fixed"):
+            size = props.get("size") if t == "fixed" else None
+            if lt == "decimal" and not default and not (isinstance(v, dict) and len(v) == 1 and
+                                                         set(v) & {"base64", "hex"}):
+                out = self.decimal_bytes(props, v, path, size)
+            else:
+                out = self.raw_bytes(v, path, default)
+            if size is not None and len(out) != size:
+                raise bad(f"fixed {props.get('name')} takes exactly {size} bytes, not {len(out)}")
+            return out
+        if t == "enum":
+            if not isinstance(v, str) or v not in props["symbols"]:
+                raise bad(f"expected one of the symbols {props['symbols']}")
+            return v
+        if t == "array":
+            if not isinstance(v, list):
+                raise bad("expected an array")
+            return [self.conv(props["items"], x, f"{path}[{i}]", default) for i, x in enumerate(v)]
+        if t == "map":
+            if not isinstance(v, dict):
+                raise bad("expected an object (map)")
+            return {k: self.conv(props["values"], x, f"{path}.{k}", default) for k, x in v.items()}
+        if t in ("record", "error"):
+            if not isinstance(v, dict):
+                raise bad(f"expected an object (record {props['name']})")
+            out = {}
+            names = set()
+            for fld in props["fields"]:
+                n = fld["name"]
+                names.add(n)
+                if n in v:
+                    out[n] = self.conv(fld["type"], v[n], f"{path}.{n}", default)
+                elif "default" in fld:
+                    out[n] = self.conv(fld["type"], fld["default"], f"{path}.{n}(default)", True)
+                else:
+                    raise AvroInputError(f"{path}: field {n!r} of record {props['name']} is missing "
+                                         "and has no default")
+            extra = sorted(set(v) - names)
+            if extra:
+                raise AvroInputError(f"{path}: record {props['name']} has no field(s) {extra}")
+            return out
+        raise AvroInputError(f"{path}: unsupported Avro type {t!r}")
+
+    def union(self, branches, v, path, default):
+        if default:  # Avro: a union field's default is of its first branch
+            return (self.branch_name(branches[0]), self.conv(branches[0], v, path, True))
+        names = [self.branch_name(b) for b in branches]
+        if isinstance(v, dict) and len(v) == 1:
+            (k, inner), = v.items()
+            for b, n in zip(branches, names):
+                if k == n or (isinstance(self.resolve(b), dict) and self.resolve(b).get("type")
+                              in NAMED_AVRO_TYPES and k == n.rsplit(".", 1)[-1]):
+                    return (n, self.conv(b, inner, f"{path}<{n}>"))
+        why = []
+        for b, n in zip(branches, names):
+            try:
+                return (n, self.conv(b, v, f"{path}<{n}>"))
+            except AvroInputError as e:
+                why.append(str(e))
+        raise AvroInputError(f"{path}: no branch of the union {names} takes the value: " + "; ".join(why))
+
+    @staticmethod
+    def raw_bytes(v, path, default):
+        if default:  # Avro JSON defaults: one code point 0-255 per byte
+            if not isinstance(v, str):
+                raise AvroInputError(f"{path}: a bytes default must be a string")
+            return v.encode("latin-1")
+        if isinstance(v, str):
+            return v.encode("utf-8")
+        if isinstance(v, dict) and len(v) == 1 and "base64" in v:
+            try:
+                return base64.b64decode(v["base64"], validate=True)
+            except (ValueError, TypeError) as e:
+                raise AvroInputError(f"{path}: bad base64: {e}")
+        if isinstance(v, dict) and len(v) == 1 and "hex" in v:
+            try:
+                return bytes.fromhex(v["hex"])
+            except (ValueError, TypeError) as e:
+                raise AvroInputError(f"{path}: bad hex: {e}")
+        raise AvroInputError(f"{path}: expected a string (sent as UTF-8), {{\"base64\": ...}} or "
+                             f"{{\"hex\": ...}}, got {json.dumps(v, default=str)[:200]}")
+
+    @staticmethod
+    def decimal_bytes(props, v, path, size):
+        """Big-endian two's complement of the unscaled value, minimal (like Java's
+        BigInteger.toByteArray, what Kafka Connect's Decimal and Debezium write),
+        or sign-extended to a fixed's size."""
+        if isinstance(v, bool) or not isinstance(v, (str, int, decimal.Decimal)):
+            raise AvroInputError(f"{path}: expected a decimal as a string (\"10.50\") or a JSON number, "
+                                 f"got {json.dumps(v, default=str)[:200]}")
+        try:
+            d = decimal.Decimal(v.strip() if isinstance(v, str) else v)
+        except decimal.InvalidOperation:
+            raise AvroInputError(f"{path}: {v!r} is not a decimal number")
+        if not d.is_finite():
+            raise AvroInputError(f"{path}: {v!r}: Avro decimals have no NaN or infinity")
+        scale = int(props.get("scale", 0))
+        precision = props.get("precision")
+        sign, digits, exp = d.as_tuple()
+        n = int("".join(map(str, digits)) or "0")
+        shift = exp + scale
+        if shift >= 0:
+            n *= 10 ** shift
+        else:
+            n, rem = divmod(n, 10 ** -shift)
+            if rem:
+                raise AvroInputError(f"{path}: {v!r} has more than {scale} digits after the point "
+                                     f"(scale {scale}); not rounded")
+        if precision is not None and len(str(n)) > int(precision) and n != 0:
+            raise AvroInputError(f"{path}: {v!r} has more than {precision} digits (precision {precision})")
+        if sign:
+            n = -n
+        length = ((n if n >= 0 else ~n).bit_length() + 8) // 8
+        if size is not None:
+            if length > size:
+                raise AvroInputError(f"{path}: {v!r} does not fit in fixed({size})")
+            length = size
+        return n.to_bytes(length, "big", signed=True)
+
+
+def cmd_produce_avro(args):
+    require_client()
+    import io
+    import fastavro
+    from confluent_kafka import KafkaException, Producer
+    vtext, vparsed, vnamed = load_avro_schema(args.schema_file)
+    vconv = AvroFromJson(vnamed)
+    kconv = None
+    if args.key_schema_file:
+        ktext, kparsed, knamed = load_avro_schema(args.key_schema_file)
+        kconv = AvroFromJson(knamed)
+    # Everything is converted and encoded before anything is registered or sent.
+    msgs = []
+    for lineno, line in enumerate(sys.stdin.buffer, 1):
+        if not line.strip():
+            continue
+        try:
+            m = json.loads(line, parse_float=decimal.Decimal)
+        except ValueError as e:
+            fail(f"stdin line {lineno} is not JSON: {e}")
+        if not isinstance(m, dict) or "value" not in m:
+            fail(f"stdin line {lineno}: expected an object with a \"value\"")
+        extra = sorted(set(m) - {"value", "key", "partition", "headers", "timestamp_ms"})
+        if extra:
+            fail(f"stdin line {lineno}: unknown member(s) {extra}")
+        kw = {}
+        try:
+            if m["value"] is not None:
+                buf = io.BytesIO()
+                fastavro.schemaless_writer(buf, vparsed, vconv.conv(vparsed, m["value"], "value"))
+                kw["value"] = buf.getvalue()  # framed once the id is known
+            k = m.get("key")
+            if k is not None:
+                if kconv is not None:
+                    buf = io.BytesIO()
+                    fastavro.schemaless_writer(buf, kparsed, kconv.conv(kparsed, k, "key"))
+                    kw["key"] = buf.getvalue()
+                elif isinstance(k, str):
+                    kw["key"] = k.encode()
+                else:
+                    fail(f"stdin line {lineno}: without --key-schema-file the key must be a string "
+                         "(sent as UTF-8) or null")
+        except AvroInputError as e:
+            fail(f"stdin line {lineno}: {e}")
+        except Exception as e:  # fastavro's own complaints
+            fail(f"stdin line {lineno}: Avro encoding failed: {type(e).__name__}: {e}")
+        try:
+            if m.get("partition") is not None:
+                if not isinstance(m["partition"], int) or isinstance(m["partition"], bool):
+                    raise TypeError("partition must be an integer")
+                kw["partition"] = m["partition"]
+            if m.get("headers"):
+                kw["headers"] = [(n, None if hv is None else hv.encode()) for n, hv in m["headers"].items()]
+            if m.get("timestamp_ms") is not None:
+                if not isinstance(m["timestamp_ms"], int) or isinstance(m["timestamp_ms"], bool):
+                    raise TypeError("timestamp_ms must be an integer")
+                kw["timestamp"] = m["timestamp_ms"]
+        except (AttributeError, TypeError, ValueError) as e:
+            fail(f"stdin line {lineno}: headers must be an object of strings or nulls, partition and "
+                 f"timestamp_ms integers ({e})")
+        msgs.append((lineno, kw))
+    vsubject = args.subject or f"{args.topic}-value"
+    vid = registry_register(args.registry, vsubject, vtext)
+    vprefix = b"\x00" + vid.to_bytes(4, "big")
+    kid = None
+    if kconv is not None:
+        kid = registry_register(args.registry, args.key_subject or f"{args.topic}-key", ktext)
+        kprefix = b"\x00" + kid.to_bytes(4, "big")
+    p = Producer({
+        "bootstrap.servers": args.brokers,
+        "acks": "all",
+        "enable.idempotence": True,
+        "linger.ms": 20,
+        "compression.type": "none",
+        "partitioner": "murmur2_random",  # like the Java client's default (on the encoded key)
+        "message.timeout.ms": 120000,
+    })
+    offsets = [None] * len(msgs)
+    errors = []
+
+    def make_cb(i):
+        def cb(err, msg):
+            if err is not None:
+                errors.append((i, err))
+            else:
+                offsets[i] = [msg.partition(), msg.offset()]
+        return cb
+
+    for i, (lineno, kw) in enumerate(msgs):
+        if "value" in kw:
+            kw["value"] = vprefix + kw["value"]
+        if kid is not None and "key" in kw:
+            kw["key"] = kprefix + kw["key"]
+        kw["on_delivery"] = make_cb(i)
+        while True:
+            try:
+                p.produce(args.topic, **kw)
+                break
+            except BufferError:
+                p.poll(0.05)
+            except KafkaException as e:
+                fail(f"produce (line {lineno}): {e}")
+    left = p.flush(120)
+    if left:
+        fail(f"{left} messages still undelivered after 120 s")
+    if errors:
+        i, err = errors[0]
+        fail(f"{len(errors)} messages failed; the first (stdin line {msgs[i][0]}): {err}")
+    out = {"count": len(msgs), "schema_id": vid}
+    if kid is not None:
+        out["key_schema_id"] = kid
+    if not args.no_offsets:
+        out["offsets"] = offsets
+    emit(out)
+
+
 def cmd_delete_records(args):
     require_client()
     from confluent_kafka import TopicPartition
@@ -914,6 +1319,13 @@ def main(argv=None):
     s.add_argument("--total", type=int, required=True)
     s = with_topic("produce", cmd_produce)
     s.add_argument("--no-offsets", action="store_true", help="print only the count (bulk loads)")
+    s = with_topic("produce-avro", cmd_produce_avro)
+    s.add_argument("--registry", required=True, help="the schema registry's URL")
+    s.add_argument("--schema-file", required=True, help="the value's Avro schema (.avsc)")
+    s.add_argument("--key-schema-file", help="the key's Avro schema (default: keys are UTF-8 strings)")
+    s.add_argument("--subject", help="the value schema's subject (default: <topic>-value)")
+    s.add_argument("--key-subject", help="the key schema's subject (default: <topic>-key)")
+    s.add_argument("--no-offsets", action="store_true", help="print no offsets (bulk loads)")
     s = with_topic("delete-records", cmd_delete_records)
     s.add_argument("--partition", type=int, required=True)
     s.add_argument("--before", type=int, required=True, help="new low watermark (-1: the high watermark)")

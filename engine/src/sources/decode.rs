@@ -903,7 +903,7 @@ fn rescale(v: i128, from: i32, to: i32, precision: u8) -> Result<i128, String> {
 }
 
 /// The decimal text of `v` at `scale` (`1050`, 2 -> `10.50`).
-fn decimal_text(v: i128, scale: i32) -> String {
+pub(crate) fn decimal_text(v: i128, scale: i32) -> String {
     if scale <= 0 {
         let mut t = v.to_string();
         if v != 0 {

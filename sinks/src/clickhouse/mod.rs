@@ -394,7 +394,10 @@ impl Sink for ClickHouseSink {
             None
         };
         let owners = if target.workers > 1 {
-            Some(owners::Owners::prepare(&client, &database, &table, target.workers, rows).await?)
+            Some(
+                owners::Owners::prepare(&client, &database, &table, target.workers, rows, max_seq)
+                    .await?,
+            )
         } else {
             None
         };

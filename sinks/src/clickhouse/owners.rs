@@ -46,8 +46,9 @@ pub struct Owners {
     side: String,
     /// owner -> (position, seq), the newest of each.
     recorded: BTreeMap<u32, (String, u64)>,
-    /// Rows the data table held at start.
+    /// Rows the data table held at start, and their highest `seq`.
     data_rows: u64,
+    data_max_seq: u64,
     table: String,
 }
 
@@ -60,6 +61,7 @@ impl Owners {
         table: &str,
         workers: u32,
         data_rows: u64,
+        data_max_seq: u64,
     ) -> Result<Owners, SinkError> {
         let side = format!("{table}{SIDE_SUFFIX}");
         execute(
@@ -100,6 +102,7 @@ impl Owners {
             side,
             recorded,
             data_rows,
+            data_max_seq,
             table: format!("{database}.{table}"),
         })
     }
@@ -113,6 +116,12 @@ impl Owners {
     /// owner has written yet. An incomplete owner set is an error.
     pub fn resume_position(&self) -> Result<Option<String>, SinkError> {
         if self.recorded.is_empty() {
+            if self.data_rows > 0 && self.data_max_seq <= u64::from(self.workers) {
+                // Rows of the first commit only, written before any owner
+                // recorded its coordinate: nothing is committed yet.
+                tracing::warn!(table = %self.table, rows = self.data_rows, "the first commit was interrupted before any owner recorded its coordinate: resuming from the beginning");
+                return Ok(None);
+            }
             if self.data_rows > 0 {
                 return Err(SinkError::TableMismatch(format!(
                     "{} holds {} rows but no owner coordinates in {}: it was not written with workers = {}; resuming would be a guess",
@@ -123,6 +132,20 @@ impl Owners {
         }
         let expected: Vec<u32> = (0..self.workers).collect();
         let found: Vec<u32> = self.recorded.keys().copied().collect();
+        // A crash inside the table's very first commit (its owners write
+        // `seq` 1..=workers): an owner without a coordinate has committed
+        // nothing, so the table resumes from the beginning — what the
+        // other owners hold again is replayed (collapsed by upsert and by
+        // append-idempotent's coordinate; at-least-once for append).
+        let first_commit = self.data_max_seq <= u64::from(self.workers)
+            && self
+                .recorded
+                .iter()
+                .all(|(o, (_, seq))| *o < self.workers && *seq <= u64::from(self.workers));
+        if found != expected && first_commit {
+            tracing::warn!(table = %self.table, owners = ?found, workers = self.workers, "the first commit was interrupted before every owner recorded its coordinate: resuming from the beginning");
+            return Ok(None);
+        }
         if found != expected {
             return Err(SinkError::TableMismatch(format!(
                 "{}: the owner set in {} is {:?}, the route has workers = {} (owners {:?}); an incomplete owner set cannot be resumed safely",
@@ -251,4 +274,46 @@ async fn record(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owners(workers: u32, recorded: &[(u32, &str, u64)]) -> Owners {
+        Owners {
+            workers,
+            side: "t_urutau_position".into(),
+            recorded: recorded
+                .iter()
+                .map(|(o, p, s)| (*o, (p.to_string(), *s)))
+                .collect(),
+            data_rows: 10,
+            data_max_seq: 2,
+            table: "db.t".into(),
+        }
+    }
+
+    #[test]
+    fn an_interrupted_first_commit_resumes_from_the_beginning() {
+        // Owners 0 and 1 recorded the first batch (seq 1, 2); 2 and 3 never
+        // committed anything.
+        let o = owners(4, &[(0, "t:p0=5", 1), (1, "t:p0=5", 2)]);
+        assert_eq!(o.resume_position().unwrap(), None);
+        // Later, an owner missing is a loss of state: an error.
+        let o = owners(4, &[(0, "t:p0=9", 5), (1, "t:p0=9", 6), (2, "t:p0=9", 7)]);
+        assert!(o.resume_position().is_err());
+        // An owner the route does not have: an error.
+        let o = owners(2, &[(0, "5", 1), (3, "5", 2)]);
+        assert!(o.resume_position().is_err());
+        // Rows of the first commit, no coordinate yet: from the beginning.
+        assert_eq!(owners(4, &[]).resume_position().unwrap(), None);
+        // Rows of many commits and no coordinates: not written partitioned.
+        let mut o = owners(4, &[]);
+        o.data_max_seq = 30;
+        assert!(o.resume_position().is_err());
+        // Complete: the lagging owner.
+        let o = owners(2, &[(0, "7", 3), (1, "5", 2)]);
+        assert_eq!(o.resume_position().unwrap().as_deref(), Some("5"));
+    }
 }

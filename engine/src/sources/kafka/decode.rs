@@ -14,6 +14,7 @@ use std::sync::mpsc::Receiver;
 use tokio::sync::mpsc;
 use urutau_planner::plan::{BeforeImages, SourceTablePlan};
 
+use super::avro::Registry;
 use crate::change_batch::{MessageMeta, RowKind};
 use crate::position::{Offsets, Position};
 use crate::sources::debezium::{Encodings, EventRows, SchemaCache, parse_event, row_images};
@@ -27,6 +28,8 @@ pub enum Format {
     DebeziumJson,
     /// The value is the row (a JSON object): an insert.
     Raw,
+    /// Confluent's Avro wire format: a Debezium envelope or a row.
+    Avro,
 }
 
 /// A routed table and the topic it reads.
@@ -100,6 +103,10 @@ pub struct MessageDecoder {
     source: String,
     tables: Vec<TopicTable>,
     format: Format,
+    /// Avro: the schemas, by id.
+    registry: Option<Registry>,
+    /// Avro: the message rendered as JSON.
+    rendered: String,
     skip_bad: bool,
     ignore_truncate: bool,
     schemas: SchemaCache,
@@ -112,6 +119,7 @@ impl MessageDecoder {
         source: String,
         tables: Vec<TopicTable>,
         format: Format,
+        registry: Option<Registry>,
         skip_bad: bool,
         ignore_truncate: bool,
     ) -> Self {
@@ -119,6 +127,8 @@ impl MessageDecoder {
             source,
             tables,
             format,
+            registry,
+            rendered: String::new(),
             skip_bad,
             ignore_truncate,
             schemas: SchemaCache::default(),
@@ -212,8 +222,27 @@ impl MessageDecoder {
             // compaction): no change.
             return Ok(());
         };
-        let text =
-            std::str::from_utf8(value).map_err(|_| "the message value is not UTF-8".to_string())?;
+        let (text, envelope) = match self.format {
+            Format::Avro => {
+                let registry = self.registry.as_mut().expect("avro has a registry");
+                let (schema, body) = registry.frame(value)?;
+                self.rendered.clear();
+                schema
+                    .render(body, &mut self.rendered)
+                    .map_err(|e| format!("Avro body: {e}"))?;
+                (self.rendered.as_str(), schema.envelope)
+            }
+            Format::Raw => (
+                std::str::from_utf8(value)
+                    .map_err(|_| "the message value is not UTF-8".to_string())?,
+                false,
+            ),
+            Format::DebeziumJson => (
+                std::str::from_utf8(value)
+                    .map_err(|_| "the message value is not UTF-8".to_string())?,
+                true,
+            ),
+        };
         let t = &mut self.tables[m.table];
         let message = MessageMeta {
             ts_micros: m.ts_micros,
@@ -231,13 +260,13 @@ impl MessageDecoder {
             message,
             connect: None,
         };
-        match self.format {
-            Format::Raw => {
+        match envelope {
+            false => {
                 t.decoder
                     .append_row(text, &meta)
                     .map_err(|e| e.to_string())?;
             }
-            Format::DebeziumJson => {
+            true => {
                 let event = parse_event(text)?;
                 let env = &event.envelope;
                 let Some(op) = env.op.as_deref() else {

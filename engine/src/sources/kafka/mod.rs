@@ -19,6 +19,7 @@
 //! Client: `rdkafka` with its bundled librdkafka; the consumer runs on a
 //! thread of its own and hands batches of messages to a decoding thread.
 
+mod avro;
 mod consumer;
 mod decode;
 
@@ -27,6 +28,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 use urutau_planner::context::Transport;
+use urutau_planner::diagnostic::{Diagnostic, Diagnostics};
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SourceKindDef, SourceProvider};
 use urutau_planner::spec::SourceSpec;
@@ -60,10 +62,16 @@ impl KafkaSourceProvider {
                     .required(),
                     OptionDef::new(
                         "format",
-                        T::Enum(&["debezium-json", "raw"]),
-                        "the message format: debezium-json = Debezium change events (with or without the schema part), raw = each message value is a row as a JSON object (an insert)",
+                        T::Enum(&["debezium-json", "raw", "avro"]),
+                        "the message format: debezium-json = Debezium change events (with or without the schema part), raw = each message value is a row as a JSON object (an insert), avro = Confluent's Avro wire format with schemas from `schema_registry` (Debezium envelopes or plain rows)",
                     )
                     .default("debezium-json"),
+                    OptionDef::new(
+                        "schema_registry",
+                        T::String,
+                        "the Confluent-compatible schema registry of format = 'avro' (http://host:8081); credentials in the URL are never printed",
+                    )
+                    .secret(),
                     OptionDef::new(
                         "on_decode_error",
                         T::Enum(&["fail", "skip"]),
@@ -102,7 +110,7 @@ impl KafkaSourceProvider {
                     "the topic holding the table's changes (default: the table's name)",
                 )],
                 transport: Transport::Full,
-                rules: vec![],
+                rules: vec![format_options],
             },
         }
     }
@@ -111,6 +119,60 @@ impl KafkaSourceProvider {
 impl Default for KafkaSourceProvider {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// `schema_registry` goes with Avro, and only there; Avro messages carry
+/// their types, so the JSON encoding settings do not apply to them.
+fn format_options(source: &SourceSpec, d: &mut Diagnostics) {
+    let avro = source.options.get("format") == Some("avro");
+    let at = |name: &str| {
+        source
+            .options
+            .entry(name)
+            .map_or(source.name.span, |e| e.name_span)
+    };
+    if avro && source.options.get("schema_registry").is_none() {
+        d.push(
+            Diagnostic::error(
+                at("format"),
+                format!(
+                    "source `{}`: format = 'avro' needs schema_registry",
+                    source.name
+                ),
+            )
+            .with_help("add schema_registry = 'http://host:8081'"),
+        );
+    }
+    if !avro && source.options.get("schema_registry").is_some() {
+        d.push(Diagnostic::error(
+            at("schema_registry"),
+            format!(
+                "source `{}`: schema_registry is for format = 'avro'; this source's messages are JSON",
+                source.name
+            ),
+        ));
+    }
+    for name in ["decimal_handling", "time_precision"] {
+        // Written in the file (a default stands at the source's name;
+        // spans take no part in equality, so their places are compared).
+        let here = |s: urutau_planner::diagnostic::Span| (s.line, s.col);
+        let written = source
+            .options
+            .entry(name)
+            .is_some_and(|e| here(e.name_span) != here(source.name.span));
+        if avro && written {
+            d.push(
+                Diagnostic::error(
+                    at(name),
+                    format!(
+                        "source `{}`: {name} is for JSON messages; Avro schemas carry their types",
+                        source.name
+                    ),
+                )
+                .with_help(format!("remove {name}")),
+            );
+        }
     }
 }
 
@@ -183,13 +245,27 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     };
     let format = match options.get("format") {
         Some("raw") => Format::Raw,
+        Some("avro") => Format::Avro,
         _ => Format::DebeziumJson,
     };
-    let encodings = Encodings::from_options(
-        options.get("decimal_handling"),
-        options.get("time_precision"),
-        DecimalHandling::Precise,
-    );
+    let encodings = if format == Format::Avro {
+        // Avro values are rendered in the units the decoder reads as they
+        // are (decimal text, microseconds).
+        Encodings::from_options(None, None, DecimalHandling::String)
+    } else {
+        Encodings::from_options(
+            options.get("decimal_handling"),
+            options.get("time_precision"),
+            DecimalHandling::Precise,
+        )
+    };
+    let registry = match options.get("schema_registry") {
+        Some(url) if format == Format::Avro => Some(
+            avro::Registry::new(url, tokio::runtime::Handle::current())
+                .map_err(SourceError::new)?,
+        ),
+        _ => None,
+    };
     let tables = TopicTable::group(&args.plan.tables, &encodings)?;
     let topics: Vec<String> = tables.iter().map(|t| t.topic.to_string()).collect();
     let refresh = options
@@ -211,6 +287,7 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
         spec.name.name.clone(),
         tables,
         format,
+        registry,
         options.get("on_decode_error") == Some("skip"),
         options.get("on_truncate") == Some("ignore"),
     );
