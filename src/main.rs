@@ -49,6 +49,30 @@ enum Command {
     },
     /// Check a pipeline without running it (exit 2 when it is invalid).
     Validate { file: PathBuf },
+    /// Show what each table would receive from its next changes (after the
+    /// position its sink holds), through the same plans a run executes.
+    /// Commits and creates nothing.
+    Preview {
+        /// The pipeline file.
+        file: PathBuf,
+        /// Changes per table.
+        #[arg(long, default_value_t = 10)]
+        limit: u64,
+        /// How rows are printed (json: one object per row).
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
+    /// Query what landed: DataFusion SQL over the pipeline's sink tables,
+    /// named as the pipeline writes them (`lake.orders`). Read-only.
+    Query {
+        /// The pipeline file whose tables to query.
+        file: PathBuf,
+        /// The query, e.g. "SELECT status, count(*) FROM lake.orders GROUP BY status".
+        sql: String,
+        /// How rows are printed (json: one object per row).
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        format: OutputFormat,
+    },
     /// Operator commands for a pipeline's ClickHouse tables.
     #[command(subcommand)]
     Clickhouse(ClickhouseCommand),
@@ -74,6 +98,23 @@ enum ClickhouseCommand {
 enum LogFormat {
     Text,
     Json,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum OutputFormat {
+    Table,
+    Csv,
+    Json,
+}
+
+impl From<OutputFormat> for urutau::output::Format {
+    fn from(f: OutputFormat) -> Self {
+        match f {
+            OutputFormat::Table => urutau::output::Format::Table,
+            OutputFormat::Csv => urutau::output::Format::Csv,
+            OutputFormat::Json => urutau::output::Format::Json,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,12 +177,20 @@ fn main() -> ExitCode {
                 format,
             } => {
                 let format = match format {
-                    PlanFormat::Indent => urutau_planner::plan::ExplainFormat::Indent,
-                    PlanFormat::Tree => urutau_planner::plan::ExplainFormat::Tree,
+                    PlanFormat::Indent => urutau::ExplainFormat::Indent,
+                    PlanFormat::Tree => urutau::ExplainFormat::Tree,
                 };
                 commands::plan(&file, explain, format).await
             }
             Command::Validate { file } => commands::validate(&file).await,
+            Command::Query { file, sql, format } => {
+                commands::query(&file, &sql, format.into()).await
+            }
+            Command::Preview {
+                file,
+                limit,
+                format,
+            } => commands::preview(&file, limit, format.into()).await,
             Command::Clickhouse(ClickhouseCommand::Cleanup { file, table }) => {
                 commands::clickhouse_cleanup(&file, table.as_deref()).await
             }

@@ -76,6 +76,7 @@ async fn run(text: &str) -> Result<urutau_engine::RunReport, RunError> {
         &plan,
         RunOptions {
             exit_when_caught_up: true,
+            ..Default::default()
         },
         Shutdown::new(),
     )
@@ -642,6 +643,7 @@ async fn a_stop_request_finishes_the_commit_in_flight_and_returns() {
                 &plan,
                 RunOptions {
                     exit_when_caught_up: false,
+                    ..Default::default()
                 },
                 shutdown,
             )

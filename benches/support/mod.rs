@@ -17,28 +17,20 @@ use urutau_planner::registry::Registry;
 
 /// Every source and sink kind.
 pub fn registry() -> Registry {
-    let mut r = Registry::new();
-    urutau_engine::sources::register(&mut r);
-    urutau_sinks::register(&mut r);
-    r
+    urutau::registry()
 }
 
 /// Plans a pipeline's SQL and runs it until it has caught up: the run
 /// every bench times.
-pub async fn run_to_end(text: &str) -> urutau_engine::RunReport {
-    let spec = urutau_sql::parse_pipeline_sql(text, "bench", &|_| None).unwrap();
-    let plan = urutau_planner::plan::plan_pipeline(spec, &registry())
-        .await
-        .unwrap();
-    urutau_engine::run(
-        &plan,
-        urutau_engine::RunOptions {
+pub async fn run_to_end(text: &str) -> urutau::RunReport {
+    let pipeline = urutau::Pipeline::from_sql(text, "bench").await.unwrap();
+    pipeline
+        .run(urutau::RunOptions {
             exit_when_caught_up: true,
-        },
-        urutau_engine::Shutdown::new(),
-    )
-    .await
-    .unwrap()
+            ..Default::default()
+        })
+        .await
+        .unwrap()
 }
 
 /// The declared columns of the benchmark table (7 columns).

@@ -112,9 +112,13 @@ impl Metrics {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The pipeline's name.
-    pub fn set_pipeline(&self, name: &str) {
-        self.lock().pipeline = name.to_string();
+    /// A run of pipeline `name` starts: the figures of an earlier run in
+    /// this process (a notebook runs one pipeline after another) are
+    /// dropped, so each run reports only itself.
+    pub fn start_pipeline(&self, name: &str) {
+        let mut g = self.lock();
+        *g = Inner::default();
+        g.pipeline = name.to_string();
     }
 
     /// A route starts (at `position`, in `phase`).
@@ -393,7 +397,7 @@ mod tests {
     #[test]
     fn counters_render_as_prometheus_text_and_json() {
         let m = Metrics::default();
-        m.set_pipeline("p");
+        m.start_pipeline("p");
         m.table_started("lake.orders", "stream", None);
         m.committed("lake.orders", "0/16B3748", 10, 3, 0.5);
         m.commit_failed("lake.orders");

@@ -36,6 +36,12 @@ use crate::sources::{self, OpenArgs, SourceBatch, position_kind};
 pub struct RunOptions {
     /// Exit once everything the sources held at start is committed.
     pub exit_when_caught_up: bool,
+    /// Preview: each route receives at most this many changes (after the
+    /// position its sink holds), and the sources stop reading once every
+    /// route has had its share. The batch that reaches a route's share is
+    /// cut there, so the positions such a run reports are not transaction
+    /// boundaries: only for runs whose sinks commit nothing.
+    pub changes_per_route: Option<u64>,
 }
 
 /// What one route did during a run.
@@ -80,7 +86,7 @@ pub async fn run(
     options: RunOptions,
     shutdown: Shutdown,
 ) -> Result<RunReport, RunError> {
-    crate::metrics::global().set_pipeline(&plan.name);
+    crate::metrics::global().start_pipeline(&plan.name);
     // Resume points, read from the sinks.
     let mut resume: Vec<Option<Position>> = Vec::with_capacity(plan.routes.len());
     let mut resume_snapshot: Vec<Option<SnapshotProgress>> = Vec::with_capacity(plan.routes.len());
@@ -249,6 +255,7 @@ pub async fn run(
                     snapshot: resume_snapshot[i].clone(),
                     sent_snapshot: resume_snapshot[i].clone(),
                     empty: RecordBatch::new_empty(Arc::clone(&t.scan_schema)),
+                    left: options.changes_per_route,
                 });
             }
         }
@@ -293,6 +300,10 @@ pub async fn run(
                         })?;
                     if !delivered {
                         // A route stopped; its own error tells why.
+                        break;
+                    }
+                    if outlets.iter().all(|o| o.left == Some(0)) {
+                        // Every route had its share (preview).
                         break;
                     }
                     // Acknowledge what every route of this source committed.
@@ -466,6 +477,8 @@ struct Outlet {
     snapshot: Option<SnapshotProgress>,
     sent_snapshot: Option<SnapshotProgress>,
     empty: RecordBatch,
+    /// Changes the route may still receive ([`RunOptions::changes_per_route`]).
+    left: Option<u64>,
 }
 
 impl Outlet {
@@ -530,6 +543,15 @@ async fn dispatch(
             },
             (Some(b), None) => Some(b.clone()),
             (None, _) => None,
+        };
+        let rows = match (rows, o.left.as_mut()) {
+            (Some(b), Some(left)) => {
+                let take = (b.num_rows() as u64).min(*left);
+                *left -= take;
+                Some(b.slice(0, take as usize))
+            }
+            (rows, None) => rows,
+            (None, Some(_)) => None,
         };
         if !still_behind {
             o.resume = None;

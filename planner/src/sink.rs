@@ -7,9 +7,12 @@
 
 use std::fmt;
 
+use std::sync::Arc;
+
 use arrow::array::BooleanArray;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
+use datafusion::catalog::TableProvider;
 
 use crate::target::TargetTable;
 
@@ -79,5 +82,31 @@ pub trait Sink: Send + Sync + fmt::Debug {
     /// shows in the plan. `None` when nothing.
     fn extra_work(&self) -> Option<String> {
         None
+    }
+
+    /// The position [`Sink::committed_position`] would return, read
+    /// without creating or changing anything (no catalog file, namespace,
+    /// database or table): what a preview starts after. `None` when the
+    /// table does not exist or holds no position.
+    async fn peek_position(&self, table: &TargetTable) -> Result<Option<String>, SinkError> {
+        Err(SinkError::Unavailable(format!(
+            "table {}: this sink kind cannot tell its position without preparing the table, so it cannot be previewed",
+            table.display_name()
+        )))
+    }
+
+    /// The table as it stands in the sink, for queries (`urutau query`,
+    /// the Python `sql()`): the live rows of an upsert table (deletes
+    /// applied), every row of an append table, in the route's columns.
+    /// `None` when the table does not exist yet. Reading creates nothing
+    /// (no catalog file, namespace or table) and commits nothing.
+    async fn read_table(
+        &self,
+        table: &TargetTable,
+    ) -> Result<Option<Arc<dyn TableProvider>>, SinkError> {
+        Err(SinkError::Unavailable(format!(
+            "table {}: this sink kind cannot be queried",
+            table.display_name()
+        )))
     }
 }

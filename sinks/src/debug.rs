@@ -132,6 +132,10 @@ impl Sink for DebugSink {
         Ok(())
     }
 
+    async fn peek_position(&self, table: &TargetTable) -> Result<Option<String>, SinkError> {
+        self.committed_position(table).await
+    }
+
     async fn committed_position(&self, table: &TargetTable) -> Result<Option<String>, SinkError> {
         Ok(self
             .positions

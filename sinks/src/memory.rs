@@ -13,6 +13,8 @@ use arrow::datatypes::SchemaRef;
 use arrow::util::display::array_value_to_string;
 use arrow_row::{RowConverter, SortField};
 use async_trait::async_trait;
+use datafusion::catalog::TableProvider;
+use datafusion::datasource::MemTable;
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SinkKindDef, SinkProvider};
 use urutau_planner::sink::{Sink, SinkBatch, SinkError};
@@ -67,6 +69,29 @@ fn row_text(batch: &RecordBatch, row: usize) -> Vec<String> {
 }
 
 impl MemoryTable {
+    /// The rows a query sees: an upsert table's live images (in commit
+    /// order), an append table's every row.
+    fn live_batches(&self) -> Result<Vec<RecordBatch>, arrow::error::ArrowError> {
+        match self.mode {
+            Some(WriteMode::Upsert) => {
+                let mut at: Vec<(usize, usize)> = self
+                    .live
+                    .values()
+                    .map(|(b, r)| (*b as usize, *r as usize))
+                    .collect();
+                at.sort_unstable();
+                if at.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let batches: Vec<&RecordBatch> = self.batches.iter().collect();
+                Ok(vec![arrow::compute::interleave_record_batch(
+                    &batches, &at,
+                )?])
+            }
+            _ => Ok(self.batches.clone()),
+        }
+    }
+
     fn snapshot(&self) -> TableSnapshot {
         let rows = match self.mode {
             Some(WriteMode::Upsert) => {
@@ -257,6 +282,29 @@ impl Sink for MemorySink {
             .expect("tables lock")
             .get(&table.display_name())
             .and_then(|t| t.position.clone()))
+    }
+
+    async fn peek_position(&self, table: &TargetTable) -> Result<Option<String>, SinkError> {
+        self.committed_position(table).await
+    }
+
+    async fn read_table(
+        &self,
+        table: &TargetTable,
+    ) -> Result<Option<Arc<dyn TableProvider>>, SinkError> {
+        let tables = self.store.tables.lock().expect("tables lock");
+        let Some(t) = tables.get(&table.display_name()) else {
+            return Ok(None);
+        };
+        let Some(schema) = t.schema.clone() else {
+            return Ok(None);
+        };
+        let batches = t
+            .live_batches()
+            .map_err(|e| SinkError::Io(format!("reading {}: {e}", table.display_name())))?;
+        let provider = MemTable::try_new(schema, vec![batches])
+            .map_err(|e| SinkError::Io(format!("reading {}: {e}", table.display_name())))?;
+        Ok(Some(Arc::new(provider)))
     }
 
     async fn commit(

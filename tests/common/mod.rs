@@ -134,10 +134,7 @@ pub fn harness_script(name: &str) -> std::path::PathBuf {
 
 /// Every source and sink kind of the build (what the binary registers).
 pub fn registry() -> Registry {
-    let mut r = Registry::new();
-    urutau_engine::sources::register(&mut r);
-    urutau_sinks::register(&mut r);
-    r
+    urutau::registry()
 }
 
 /// Plans pipeline SQL text.

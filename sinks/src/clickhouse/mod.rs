@@ -35,12 +35,14 @@
 pub mod ddl;
 mod insert;
 mod owners;
+mod read;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use clickhouse::{Client, Compression};
+use datafusion::catalog::TableProvider;
 use serde_json::Value;
 use tokio::sync::Mutex;
 use urutau_planner::options::{OptionDef, OptionType};
@@ -245,6 +247,20 @@ impl ClickHouseSink {
         }
     }
 
+    /// Whether `database.table` exists (asked without creating anything).
+    async fn table_exists(&self, database: &str, table: &str) -> Result<bool, SinkError> {
+        let found = query_rows(
+            &self.client,
+            &format!(
+                "SELECT 1 AS found FROM system.tables WHERE database = {} AND name = {}",
+                literal(database),
+                literal(table)
+            ),
+        )
+        .await?;
+        Ok(!found.is_empty())
+    }
+
     async fn state(&self, target: &TargetTable) -> Result<Arc<Mutex<TableState>>, SinkError> {
         let key = target.display_name();
         if let Some(s) = self.tables.lock().await.get(&key) {
@@ -418,6 +434,55 @@ impl Sink for ClickHouseSink {
             })),
         );
         Ok(())
+    }
+
+    async fn peek_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {
+        if target.workers > 1 {
+            return Err(SinkError::Unavailable(format!(
+                "table {}: previewing a table written by several workers is not supported; preview with workers = 1",
+                target.display_name()
+            )));
+        }
+        let (database, table) = self.names(target)?;
+        if !self.table_exists(&database, &table).await? {
+            return Ok(None);
+        }
+        let row = query_rows(
+            &self.client,
+            &format!(
+                "SELECT argMax({pos}, {seq}) AS last_position, count() AS n FROM {}.{}",
+                ident(&database),
+                ident(&table),
+                seq = ident(ddl::SEQ),
+                pos = ident(ddl::POSITION),
+            ),
+        )
+        .await?;
+        let row = row.first().cloned().unwrap_or_default();
+        if as_u64(row.get("n")) == 0 {
+            return Ok(None);
+        }
+        Ok(row
+            .get("last_position")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string))
+    }
+
+    async fn read_table(
+        &self,
+        target: &TargetTable,
+    ) -> Result<Option<Arc<dyn TableProvider>>, SinkError> {
+        let (database, table) = self.names(target)?;
+        if !self.table_exists(&database, &table).await? {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(read::ClickHouseTableReader::new(
+            self.client.clone(),
+            &database,
+            &table,
+            target,
+        ))))
     }
 
     async fn committed_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {

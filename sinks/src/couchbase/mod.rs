@@ -382,6 +382,16 @@ impl Sink for CouchbaseSink {
         Ok(())
     }
 
+    async fn read_table(
+        &self,
+        target: &TargetTable,
+    ) -> Result<Option<Arc<dyn datafusion::catalog::TableProvider>>, SinkError> {
+        Err(SinkError::Unavailable(format!(
+            "table {}: a Couchbase collection cannot be queried here (listing its documents needs the query service, which this sink does not use); read documents by key with a Couchbase SDK",
+            target.display_name()
+        )))
+    }
+
     async fn committed_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {
         let state = self.state(target).await?;
         let s = state.lock().await;

@@ -26,10 +26,12 @@ use arrow::array::{ArrayRef, RecordBatch};
 use arrow::compute::{filter_record_batch, not};
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use async_trait::async_trait;
+use datafusion::catalog::TableProvider;
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::spec::{PartitionSpecRef, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent};
+use iceberg_datafusion::IcebergStaticTableProvider;
 use tokio::sync::{Mutex, OnceCell};
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SinkKindDef, SinkProvider};
@@ -342,6 +344,17 @@ impl IcebergSink {
             .ok_or_else(|| SinkError::Io(format!("table {key} was not prepared")))
     }
 
+    /// The table as the catalog holds it, loaded without creating anything
+    /// (queries, previews); `None` when it does not exist.
+    async fn load_read_only(&self, target: &TargetTable) -> Result<Option<Table>, SinkError> {
+        let ident = ident_of(target)?;
+        if self.catalog == "rest" {
+            self.conn().await?.load(&ident).await
+        } else {
+            catalog::load_sql_read_only(&self.uri, &self.catalog_name, &ident).await
+        }
+    }
+
     async fn reload(&self, ident: &TableIdent) -> Result<Table, SinkError> {
         self.conn()
             .await?
@@ -519,6 +532,28 @@ impl Sink for IcebergSink {
             })),
         );
         Ok(())
+    }
+
+    async fn peek_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {
+        Ok(self
+            .load_read_only(target)
+            .await?
+            .and_then(|t| commit::committed_position(t.metadata())))
+    }
+
+    async fn read_table(
+        &self,
+        target: &TargetTable,
+    ) -> Result<Option<Arc<dyn TableProvider>>, SinkError> {
+        let Some(table) = self.load_read_only(target).await? else {
+            return Ok(None);
+        };
+        // iceberg-datafusion's scan applies the position and equality
+        // deletes of the current snapshot.
+        let provider = IcebergStaticTableProvider::try_new_from_table(table)
+            .await
+            .map_err(io_error("reading the table"))?;
+        Ok(Some(Arc::new(provider)))
     }
 
     async fn committed_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {

@@ -10,7 +10,7 @@ use iceberg::{TableCreation, TableIdent};
 use urutau_planner::sink::SinkError;
 
 pub use rest::{RestCatalogConn, RestConfig};
-pub use sql::SqlCatalogConn;
+pub use sql::{SqlCatalogConn, load_read_only as load_sql_read_only};
 
 /// How a commit ended.
 pub enum Outcome {

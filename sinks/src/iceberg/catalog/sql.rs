@@ -368,3 +368,93 @@ mod tests {
         );
     }
 }
+
+/// A table of a SQL catalog, loaded without changing anything: no SQLite
+/// file, catalog table, namespace or directory is created, and the
+/// catalog's rows are only read (for queries of what landed). `None` when
+/// the catalog or the table does not exist.
+pub async fn load_read_only(
+    uri: &str,
+    catalog_name: &str,
+    ident: &TableIdent,
+) -> Result<Option<Table>, SinkError> {
+    let urls = if uri.starts_with("sqlite:") {
+        let rest = uri
+            .trim_start_matches("sqlite://")
+            .trim_start_matches("sqlite:");
+        let path = rest.split_once('?').map_or(rest, |(p, _)| p);
+        let abs = absolute(Path::new(path))?;
+        if !abs.exists() {
+            return Ok(None);
+        }
+        // Read-only first; a WAL file with no shared-memory file beside it
+        // (no writer running) can need a read-write open, which never
+        // creates the database (`rw`, not `rwc`).
+        vec![
+            (format!("sqlite://{}?mode=ro", abs.display()), false),
+            (format!("sqlite://{}?mode=rw", abs.display()), false),
+        ]
+    } else if uri.starts_with("postgres://") || uri.starts_with("postgresql://") {
+        vec![(uri.to_string(), true)]
+    } else {
+        return Err(SinkError::Io(
+            "a SQL catalog's uri is sqlite://path or postgres://...".to_string(),
+        ));
+    };
+    sqlx::any::install_default_drivers();
+    let mut last = None;
+    for (url, dollar) in urls {
+        let pool = match AnyPoolOptions::new().max_connections(1).connect(&url).await {
+            Ok(p) => p,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        let sql = if dollar {
+            "SELECT metadata_location FROM iceberg_tables \
+             WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3"
+        } else {
+            "SELECT metadata_location FROM iceberg_tables \
+             WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?"
+        };
+        let found = sqlx::query_scalar::<_, Option<String>>(sql)
+            .bind(catalog_name)
+            .bind(ident.namespace().join("."))
+            .bind(ident.name())
+            .fetch_optional(&pool)
+            .await;
+        pool.close().await;
+        let location = match found {
+            Ok(row) => row.flatten(),
+            Err(e) if is_missing_relation(&e) => None,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        let Some(location) = location else {
+            return Ok(None);
+        };
+        let table = iceberg::table::StaticTable::from_metadata_file(
+            &location,
+            ident.clone(),
+            FileIO::new_with_fs(),
+        )
+        .await
+        .map_err(io_error("reading the table's metadata"))?;
+        return Ok(Some(table.into_table()));
+    }
+    Err(SinkError::Io(format!(
+        "opening the SQL catalog: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )))
+}
+
+/// The catalog's tables were never created (nothing was committed).
+fn is_missing_relation(e: &sqlx::Error) -> bool {
+    match e.as_database_error() {
+        Some(d) => d.code().as_deref() == Some("42P01") || d.message().contains("no such table"),
+        None => false,
+    }
+}
