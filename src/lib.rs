@@ -14,14 +14,16 @@
 //! ```
 
 pub mod output;
+mod paths;
 mod pipeline;
 pub mod preview;
 mod query;
 mod secrets;
 
-pub use pipeline::{Error, Pipeline, RunHandle};
+pub use pipeline::{Error, Language, Pipeline, RunHandle};
 pub use query::QueryResult;
 pub use urutau_engine::{RouteReport, RunOptions, RunReport};
+pub use urutau_planner::diagnostic::{Diagnostic, Severity};
 pub use urutau_planner::plan::ExplainFormat;
 
 use urutau_planner::registry::Registry;

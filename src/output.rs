@@ -1,4 +1,5 @@
-//! Query results as text: a table for a terminal, CSV, or JSON lines.
+//! Query results as text (a table for a terminal, CSV, or JSON lines) or
+//! as an Arrow IPC stream (for Python).
 
 use arrow::error::ArrowError;
 
@@ -59,4 +60,19 @@ pub fn render(result: &QueryResult, format: Format) -> Result<String, ArrowError
             String::from_utf8(out).map_err(|e| ArrowError::ExternalError(Box::new(e)))
         }
     }
+}
+
+/// The rows of `result` as an Arrow IPC stream (schema, then batches): how
+/// they cross into another Arrow implementation (pyarrow reads it with
+/// `pyarrow.ipc.open_stream`) without a second copy of the format.
+pub fn ipc_stream(result: &QueryResult) -> Result<Vec<u8>, ArrowError> {
+    let mut out = Vec::new();
+    {
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &result.schema)?;
+        for b in &result.batches {
+            w.write(b)?;
+        }
+        w.finish()?;
+    }
+    Ok(out)
 }

@@ -81,9 +81,9 @@ struct PipelineShape {
     targets: Vec<(String, Arc<TargetTable>)>,
 }
 
-/// A pipeline's text and what it is written in.
+/// What a pipeline's text is written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Language {
+pub enum Language {
     Sql,
     Yaml,
 }
@@ -107,22 +107,39 @@ impl Pipeline {
     /// A pipeline from pipeline SQL text; `name` names it in diagnostics
     /// (`name.sql`) and is its default pipeline name.
     pub async fn from_sql(text: &str, name: &str) -> Result<Pipeline, Error> {
-        Self::from_text(text, name, Language::Sql).await
+        Self::from_text(text, name, Language::Sql, None).await
     }
 
     /// A pipeline from the Go engine's YAML.
     pub async fn from_yaml(text: &str, name: &str) -> Result<Pipeline, Error> {
-        Self::from_text(text, name, Language::Yaml).await
+        Self::from_text(text, name, Language::Yaml, None).await
     }
 
-    async fn from_text(text: &str, name: &str, language: Language) -> Result<Pipeline, Error> {
+    /// A pipeline from text; with `base_dir`, its relative local paths (a
+    /// file source's `path`, an Iceberg sink's SQLite `uri` and
+    /// `warehouse`) are taken relative to that directory instead of the
+    /// working directory.
+    pub async fn from_text(
+        text: &str,
+        name: &str,
+        language: Language,
+        base_dir: Option<&Path>,
+    ) -> Result<Pipeline, Error> {
         let env = &urutau_sql::process_env;
         let (parsed, shown) = match language {
             Language::Sql => (parse_pipeline_sql(text, name, env), format!("{name}.sql")),
             Language::Yaml => (parse_pipeline_yaml(text, name, env), format!("{name}.yaml")),
         };
         match parsed {
-            Ok(spec) => Self::plan(shown, text.to_string(), spec).await,
+            Ok(mut spec) => {
+                if let Some(base) = base_dir {
+                    let base = std::path::absolute(base).map_err(|e| {
+                        Error::Run(format!("base directory {}: {e}", base.display()))
+                    })?;
+                    crate::paths::resolve_relative(&mut spec, &base, &crate::registry());
+                }
+                Self::plan(shown, text.to_string(), spec).await
+            }
             Err(diags) => Err(invalid(&shown, text, &Secrets::default(), diags)),
         }
     }

@@ -356,19 +356,6 @@ fn numbered_placeholders(sql: &str) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn placeholders_are_numbered_for_postgres() {
-        assert_eq!(
-            numbered_placeholders("UPDATE t SET a = ? WHERE b = ? AND c = 'TABLE'"),
-            "UPDATE t SET a = $1 WHERE b = $2 AND c = 'TABLE'"
-        );
-    }
-}
-
 /// A table of a SQL catalog, loaded without changing anything: no SQLite
 /// file, catalog table, namespace or directory is created, and the
 /// catalog's rows are only read (for queries of what landed). `None` when
@@ -456,5 +443,18 @@ fn is_missing_relation(e: &sqlx::Error) -> bool {
     match e.as_database_error() {
         Some(d) => d.code().as_deref() == Some("42P01") || d.message().contains("no such table"),
         None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_numbered_for_postgres() {
+        assert_eq!(
+            numbered_placeholders("UPDATE t SET a = ? WHERE b = ? AND c = 'TABLE'"),
+            "UPDATE t SET a = $1 WHERE b = $2 AND c = 'TABLE'"
+        );
     }
 }

@@ -1,0 +1,46 @@
+"""Type stubs of the native module (PyO3); use the `urutau` package's API."""
+
+from typing import Any, Dict, List, Optional
+
+__version__: str
+
+class PipelineError(Exception):
+    """The pipeline is invalid; the message is the CLI's diagnostic."""
+
+    #: The first error's line and column (1-based) and rule.
+    line: Optional[int]
+    column: Optional[int]
+    rule: Optional[str]
+    #: Every diagnostic: line, column, message, rule, help, severity.
+    diagnostics: List[Dict[str, Any]]
+
+class RunError(Exception):
+    """A runtime failure (a source, a commit, a sink, a server)."""
+
+class QueryError(RunError):
+    """A query of the sink tables failed."""
+
+class NativeRun:
+    def stop(self) -> None: ...
+    def status(self) -> str: ...
+    def wait(self, timeout: Optional[float] = None) -> Optional[Dict[str, Any]]: ...
+
+class NativePipeline:
+    @staticmethod
+    def load(path: str) -> "NativePipeline": ...
+    @staticmethod
+    def from_text(
+        text: str, language: str, name: str, base_dir: Optional[str] = None
+    ) -> "NativePipeline": ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def routes(self) -> List[str]: ...
+    @property
+    def warnings(self) -> Optional[str]: ...
+    def explain(self, format: str) -> str: ...
+    def describe(self) -> str: ...
+    def preview(self, limit: int) -> Dict[str, bytes]: ...
+    def sql(self, query: str) -> bytes: ...
+    def read(self, table: str) -> bytes: ...
+    def start(self, exit_when_caught_up: bool) -> NativeRun: ...
