@@ -76,7 +76,7 @@ pub async fn run(file: &Path, exit_when_caught_up: bool, metrics_addr: Option<&s
         Err(code) => return code,
     };
     if let Some(addr) = metrics_addr {
-        match urutau_engine::status_server::serve(addr).await {
+        match urutau_engine::status_server::serve(addr, p.metrics().clone()).await {
             Ok(bound) => tracing::info!(addr = %bound, "serving /metrics, /statusz and /healthz"),
             Err(e) => {
                 eprintln!("error: {e}");

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use urutau_engine::metrics::Metrics;
 use urutau_engine::{RunOptions, RunReport, Shutdown};
 use urutau_planner::diagnostic::{Diagnostic, Diagnostics};
 use urutau_planner::plan::{ExplainFormat, PipelinePlan, plan_pipeline};
@@ -68,6 +69,9 @@ pub struct Pipeline {
     /// made at load, kept.
     shape: PipelineShape,
     warnings: Option<String>,
+    /// The figures of this pipeline's runs (its own: two pipelines in one
+    /// process never mix them).
+    metrics: Metrics,
 }
 
 /// The parts of a plan shown without running it.
@@ -172,6 +176,7 @@ impl Pipeline {
                     planned: Mutex::new(Some(plan)),
                     shape,
                     warnings,
+                    metrics: Metrics::default(),
                 })
             }
             Err(diags) => {
@@ -265,6 +270,12 @@ impl Pipeline {
         })
     }
 
+    /// The figures of this pipeline's runs (what `/metrics` and `/statusz`
+    /// serve for it).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// `text` with this pipeline's secrets replaced by `***`.
     pub fn scrub(&self, text: &str) -> String {
         self.secrets.scrub(text)
@@ -290,10 +301,13 @@ impl Pipeline {
     }
 
     /// Starts a run in the background of the current Tokio runtime: each
-    /// table resumes from the position its sink holds. The handle stops it
+    /// table resumes from the position its sink holds. The run reports
+    /// into this pipeline's [`Pipeline::metrics`] (`options.metrics` is
+    /// replaced). The handle stops it
     /// (after the commit in flight) and waits for its report.
-    pub async fn start(&self, options: RunOptions) -> Result<RunHandle, Error> {
+    pub async fn start(&self, mut options: RunOptions) -> Result<RunHandle, Error> {
         let plan = self.take_plan().await?;
+        options.metrics = self.metrics.clone();
         let shutdown = Shutdown::new();
         let stopper = shutdown.clone();
         let secrets = self.secrets.clone();
@@ -302,7 +316,11 @@ impl Pipeline {
                 .await
                 .map_err(|e| Error::Run(secrets.scrub(&e.to_string())))
         });
-        Ok(RunHandle { shutdown, task })
+        Ok(RunHandle {
+            shutdown,
+            task,
+            metrics: self.metrics.clone(),
+        })
     }
 
     /// Runs the pipeline to its end: until caught up with
@@ -382,6 +400,7 @@ fn invalid(shown: &str, text: &str, secrets: &Secrets, diags: Diagnostics) -> Er
 pub struct RunHandle {
     shutdown: Shutdown,
     task: tokio::task::JoinHandle<Result<RunReport, Error>>,
+    metrics: Metrics,
 }
 
 impl RunHandle {
@@ -400,7 +419,7 @@ impl RunHandle {
     /// The run's figures so far (per table: phase, position, commits,
     /// rows; per source: lag; snapshot progress), as `/statusz` serves them.
     pub fn status(&self) -> serde_json::Value {
-        urutau_engine::metrics::global().status_json()
+        self.metrics.status_json()
     }
 
     /// Whether the run has ended.

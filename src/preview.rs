@@ -161,9 +161,11 @@ pub(crate) async fn preview(
     let plan: PipelinePlan = plan_pipeline(spec.clone(), &registry)
         .await
         .map_err(|d| PreviewError::Plan(d.render("pipeline", None)))?;
+    // Figures of its own: a preview never shows in a run's metrics.
     let options = RunOptions {
         exit_when_caught_up: true,
         changes_per_route: Some(limit),
+        metrics: Default::default(),
     };
     urutau_engine::run(&plan, options, urutau_engine::Shutdown::new())
         .await

@@ -716,6 +716,7 @@ async fn a_dropped_tailing_source_leaves_no_reader_thread() {
             max_interval: Duration::from_millis(20),
         },
         stop: stop.clone(),
+        metrics: Default::default(),
     })
     .unwrap();
     let batch = source.next_batch().await.unwrap().expect("the line");

@@ -335,12 +335,12 @@ async fn two_pipelines_in_one_process_do_not_interfere() {
         exit_when_caught_up: true,
         ..Default::default()
     };
-    let handle = a.start(options).await.unwrap();
+    let handle = a.start(options.clone()).await.unwrap();
     let report = handle.wait().await.unwrap();
     assert_eq!(report.routes[0].rows, 14, "every row written: {report:?}");
     assert_eq!(report.routes[0].deletes, 1, "{report:?}");
 
-    let handle = b.start(options).await.unwrap();
+    let handle = b.start(options.clone()).await.unwrap();
     let status_after = loop {
         if handle.is_finished() {
             break handle.status();
@@ -373,7 +373,27 @@ async fn two_pipelines_in_one_process_do_not_interfere() {
     );
     assert_eq!(b.read("mem.b_items").await.unwrap().num_rows(), 3);
     // A second run of the same pipeline resumes: nothing new to commit.
-    let again = a.run(options).await.unwrap();
+    let again = a.run(options.clone()).await.unwrap();
     assert_eq!(again.routes[0].rows, 0, "{again:?}");
+
+    // Side by side: each pipeline's figures are its own.
+    let (ha, hb) = (
+        a.start(options.clone()).await.unwrap(),
+        b.start(options).await.unwrap(),
+    );
+    ha.wait().await.unwrap();
+    hb.wait().await.unwrap();
+    for (p, table) in [(&a, "mem.a_items"), (&b, "mem.b_items")] {
+        let status = p.metrics().status_json();
+        assert_eq!(
+            status["tables"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            [table],
+            "{status}"
+        );
+    }
     urutau_sinks::memory::MemoryStore::drop_named(&store);
 }

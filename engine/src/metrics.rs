@@ -2,12 +2,13 @@
 //! the runner and sources update, rendered as Prometheus text (`/metrics`)
 //! and as JSON status (`/statusz`) by [`crate::status_server`].
 //!
-//! One registry per process ([`global`]), as Prometheus clients keep it:
-//! a process runs one pipeline.
+//! One registry per pipeline session, shared by the run's parts (a cheap
+//! clone): the CLI serves its run's, a notebook's pipelines each keep
+//! their own, so two pipelines in one process never mix their figures.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// One table's (route's) figures.
@@ -59,10 +60,10 @@ pub struct SnapshotStatus {
     pub done: bool,
 }
 
-/// The registry.
-#[derive(Debug, Default)]
+/// The registry (a handle: clones share the figures).
+#[derive(Debug, Default, Clone)]
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
 }
 
 #[derive(Debug, Default)]
@@ -71,12 +72,6 @@ struct Inner {
     tables: BTreeMap<String, TableStatus>,
     sources: BTreeMap<String, SourceStatus>,
     snapshots: BTreeMap<String, SnapshotStatus>,
-}
-
-/// The process's registry.
-pub fn global() -> &'static Metrics {
-    static GLOBAL: OnceLock<Metrics> = OnceLock::new();
-    GLOBAL.get_or_init(Metrics::default)
 }
 
 fn now_unix() -> f64 {

@@ -27,12 +27,13 @@ use urutau_planner::plan::PipelinePlan;
 use urutau_planner::progress::{CommitMark, SnapshotProgress};
 
 use crate::batching::BatchPolicy;
+use crate::metrics::Metrics;
 use crate::position::{Position, PositionError, PositionKind, min_safe};
 use crate::shutdown::Shutdown;
 use crate::sources::{self, OpenArgs, SourceBatch, position_kind};
 
 /// How to run.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Exit once everything the sources held at start is committed.
     pub exit_when_caught_up: bool,
@@ -42,6 +43,9 @@ pub struct RunOptions {
     /// cut there, so the positions such a run reports are not transaction
     /// boundaries: only for runs whose sinks commit nothing.
     pub changes_per_route: Option<u64>,
+    /// Where the run reports its figures (`/metrics`, `/statusz`, a
+    /// notebook's progress).
+    pub metrics: Metrics,
 }
 
 /// What one route did during a run.
@@ -86,7 +90,8 @@ pub async fn run(
     options: RunOptions,
     shutdown: Shutdown,
 ) -> Result<RunReport, RunError> {
-    crate::metrics::global().start_pipeline(&plan.name);
+    let metrics = options.metrics.clone();
+    metrics.start_pipeline(&plan.name);
     // Resume points, read from the sinks.
     let mut resume: Vec<Option<Position>> = Vec::with_capacity(plan.routes.len());
     let mut resume_snapshot: Vec<Option<SnapshotProgress>> = Vec::with_capacity(plan.routes.len());
@@ -134,11 +139,7 @@ pub async fn run(
             Some(s) if !s.is_complete() => "snapshot",
             _ => "stream",
         };
-        crate::metrics::global().table_started(
-            &route.name,
-            phase,
-            parsed.as_ref().map(|p| p.to_string()),
-        );
+        metrics.table_started(&route.name, phase, parsed.as_ref().map(|p| p.to_string()));
         resume.push(parsed);
         resume_snapshot.push(snapshot);
     }
@@ -176,8 +177,9 @@ pub async fn run(
         let committed = Arc::clone(&committed);
         let start = resume[i].as_ref().map(|p| p.to_string());
         let shutdown = shutdown.clone();
+        let metrics = metrics.clone();
         route_tasks.spawn(async move {
-            let result = drive_route(physical, ctx, name, i, start, &committed).await;
+            let result = drive_route(physical, ctx, name, i, start, &committed, &metrics).await;
             committed.route_ended(i);
             if result.is_err() {
                 // A terminal error anywhere stops the whole run.
@@ -230,6 +232,7 @@ pub async fn run(
             exit_when_caught_up: options.exit_when_caught_up,
             policy: BatchPolicy::from(plan.batch),
             stop: Arc::clone(&stop_reading),
+            metrics: metrics.clone(),
         });
         let mut change_source = match opened {
             Ok(s) => s,
@@ -645,6 +648,7 @@ async fn drive_route(
     index: usize,
     start: Option<String>,
     committed: &Committed,
+    metrics: &Metrics,
 ) -> Result<RouteReport, RunError> {
     let mut report = RouteReport {
         name: name.clone(),
@@ -657,7 +661,7 @@ async fn drive_route(
     })?;
     while let Some(item) = stream.next().await {
         let stats = item.map_err(|e| {
-            crate::metrics::global().commit_failed(&name);
+            metrics.commit_failed(&name);
             commit_error(&name, e)
         })?;
         for row in 0..stats.num_rows() {
@@ -673,13 +677,7 @@ async fn drive_route(
             report.rows += rows;
             report.deletes += deletes;
             tracing::debug!(route = %name, position = %position, "committed");
-            crate::metrics::global().committed(
-                &name,
-                &position,
-                rows,
-                deletes,
-                micros as f64 / 1e6,
-            );
+            metrics.committed(&name, &position, rows, deletes, micros as f64 / 1e6);
             committed.record(index, &position);
             report.position = Some(position);
         }

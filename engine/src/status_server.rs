@@ -7,11 +7,11 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::metrics;
+use crate::metrics::Metrics;
 
-/// Binds `addr` and serves until the process ends; returns the bound
-/// address (port 0 picks one).
-pub async fn serve(addr: &str) -> Result<SocketAddr, String> {
+/// Binds `addr` and serves `metrics` until the process ends; returns the
+/// bound address (port 0 picks one).
+pub async fn serve(addr: &str, metrics: Metrics) -> Result<SocketAddr, String> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
@@ -23,6 +23,7 @@ pub async fn serve(addr: &str) -> Result<SocketAddr, String> {
             let Ok((mut socket, _)) = listener.accept().await else {
                 continue;
             };
+            let metrics = metrics.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
                 let mut read = 0;
@@ -44,15 +45,11 @@ pub async fn serve(addr: &str) -> Result<SocketAddr, String> {
                     .unwrap_or("/");
                 let path = path.split('?').next().unwrap_or(path);
                 let (status, kind, body) = match path {
-                    "/metrics" => (
-                        "200 OK",
-                        "text/plain; version=0.0.4",
-                        metrics::global().prometheus(),
-                    ),
+                    "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.prometheus()),
                     "/statusz" => (
                         "200 OK",
                         "application/json",
-                        metrics::global().status_json().to_string(),
+                        metrics.status_json().to_string(),
                     ),
                     "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
                     _ => (

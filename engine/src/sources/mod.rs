@@ -69,6 +69,8 @@ pub struct OpenArgs<'a> {
     pub policy: BatchPolicy,
     /// Set when the run is stopping: the source stops reading.
     pub stop: Arc<AtomicBool>,
+    /// Where the source reports lag, skipped messages, snapshot progress.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// A running source.

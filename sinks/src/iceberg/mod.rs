@@ -52,7 +52,9 @@ pub(crate) fn io_error<E: Display>(doing: &'static str) -> impl Fn(E) -> SinkErr
 /// Fault injection for tests: the next `n` successful catalog swaps report
 /// a failure, as a lost response would (a fault no real catalog can be made
 /// to produce on demand). The sink must then find its commit by id instead
-/// of committing it twice.
+/// of committing it twice. Only in builds with the `fault-injection`
+/// feature (the test suite's), never in a release.
+#[cfg(feature = "fault-injection")]
 pub mod faults {
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -67,6 +69,20 @@ pub mod faults {
         LOSE_RESPONSES
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
+    }
+}
+
+/// Whether a test armed a lost response for this swap
+/// ([`faults::lose_next_responses`]); always false without the
+/// `fault-injection` feature.
+fn injected_lost_response() -> bool {
+    #[cfg(feature = "fault-injection")]
+    {
+        faults::take_lost_response()
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        false
     }
 }
 
@@ -429,7 +445,7 @@ impl IcebergSink {
                 commit::build_row_delta(&table, delta).await?
             };
             let outcome = match conn.commit(&table, result, &added).await {
-                Outcome::Committed(_) if faults::take_lost_response() => Outcome::Unknown(
+                Outcome::Committed(_) if injected_lost_response() => Outcome::Unknown(
                     SinkError::Io("the catalog's response was lost (injected fault)".into()),
                 ),
                 other => other,

@@ -101,6 +101,7 @@ pub struct RawBatch {
 pub struct MessageDecoder {
     /// The source's name (metrics).
     source: String,
+    metrics: crate::metrics::Metrics,
     tables: Vec<TopicTable>,
     format: Format,
     /// Avro: the schemas, by id.
@@ -117,6 +118,7 @@ impl MessageDecoder {
     /// A stage decoding into `tables`.
     pub fn new(
         source: String,
+        metrics: crate::metrics::Metrics,
         tables: Vec<TopicTable>,
         format: Format,
         registry: Option<Registry>,
@@ -125,6 +127,7 @@ impl MessageDecoder {
     ) -> Self {
         MessageDecoder {
             source,
+            metrics,
             tables,
             format,
             registry,
@@ -181,7 +184,7 @@ impl MessageDecoder {
                         return Err(SourceError::new(message));
                     }
                     tracing::warn!(topic = %t.topic, partition = m.partition, offset = m.offset, "skipped a message that cannot be decoded (on_decode_error = 'skip'): {e}");
-                    crate::metrics::global().decode_skipped(&self.source);
+                    self.metrics.decode_skipped(&self.source);
                     bad.insert(i);
                     for t in &mut self.tables {
                         t.decoder.reset();
@@ -281,7 +284,7 @@ impl MessageDecoder {
                     EventRows::Rows { images, snapshot } => (images, snapshot),
                     EventRows::Truncate if self.ignore_truncate => {
                         tracing::warn!(topic = %t.topic, partition = m.partition, offset = m.offset, "TRUNCATE ignored (on_truncate = 'ignore'): the sink keeps the rows");
-                        crate::metrics::global().truncate_ignored(&self.source);
+                        self.metrics.truncate_ignored(&self.source);
                         return Ok(());
                     }
                     EventRows::Truncate => {

@@ -285,6 +285,7 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     };
     let decoder = MessageDecoder::new(
         spec.name.name.clone(),
+        args.metrics.clone(),
         tables,
         format,
         registry,

@@ -109,10 +109,11 @@ pub struct Snapshotter {
     next_chunk: u64,
     terminal: bool,
     /// A pause between a chunk's SELECT and its high watermark
-    /// (`URUTAU_TEST_SNAPSHOT_WINDOW_MS`): a load a real server produces
+    /// (`URUTAU_TEST_SNAPSHOT_WINDOW_MS`, test builds only): a load a real server produces
     /// at random (a slow network, a busy server), made reproducible for
     /// the tests that prove live changes inside a window win.
     window_pause: Option<std::time::Duration>,
+    metrics: crate::metrics::Metrics,
 }
 
 /// A table to copy, as the stream describes it.
@@ -130,6 +131,7 @@ impl Snapshotter {
         uri: &str,
         targets: Vec<SnapshotTarget<'_>>,
         chunk_rows: usize,
+        metrics: crate::metrics::Metrics,
     ) -> Result<Snapshotter, SourceError> {
         let mut conn = catalog::connect(uri).await.map_err(SourceError::new)?;
         // Text output exactly as the replication session's.
@@ -208,7 +210,7 @@ impl Snapshotter {
         }
         for t in &tables {
             tracing::info!(table = %t.pg, state = t.progress.state(), estimated_rows = t.estimated, "initial snapshot");
-            publish(t, false);
+            publish(&metrics, t, false);
         }
         Ok(Snapshotter {
             conn: Some(conn),
@@ -217,10 +219,8 @@ impl Snapshotter {
             run: uuid::Uuid::new_v4().simple().to_string(),
             next_chunk: 0,
             terminal: std::io::stderr().is_terminal(),
-            window_pause: std::env::var("URUTAU_TEST_SNAPSHOT_WINDOW_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map(std::time::Duration::from_millis),
+            window_pause: test_window_pause(),
+            metrics,
         })
     }
 
@@ -349,7 +349,7 @@ impl Snapshotter {
                 after: Some(k.clone()),
             },
         };
-        publish(t, self.terminal);
+        publish(&self.metrics, t, self.terminal);
         if t.progress.is_complete() {
             tracing::info!(table = %t.pg, rows = t.copied, "initial snapshot complete");
         }
@@ -380,11 +380,27 @@ async fn emit(conn: &mut PgConnection, content: &str) -> Result<(), SourceError>
     Ok(())
 }
 
+/// The pause `URUTAU_TEST_SNAPSHOT_WINDOW_MS` asks for, in builds with the
+/// `fault-injection` feature (the test suite's); never in a release.
+fn test_window_pause() -> Option<std::time::Duration> {
+    #[cfg(feature = "fault-injection")]
+    {
+        std::env::var("URUTAU_TEST_SNAPSHOT_WINDOW_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis)
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        None
+    }
+}
+
 /// Publishes a table's progress: metrics, and a progress line on a
 /// terminal.
-fn publish(t: &TableSnapshot, terminal: bool) {
+fn publish(metrics: &crate::metrics::Metrics, t: &TableSnapshot, terminal: bool) {
     let done = t.progress.is_complete();
-    crate::metrics::global().snapshot_progress(&t.pg.to_string(), t.copied, t.estimated, done);
+    metrics.snapshot_progress(&t.pg.to_string(), t.copied, t.estimated, done);
     if terminal {
         let pct = if t.estimated > 0 {
             format!(

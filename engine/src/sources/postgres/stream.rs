@@ -46,6 +46,7 @@ struct TableCfg {
 /// Everything the task needs, owned.
 struct StreamCfg {
     source_name: String,
+    metrics: crate::metrics::Metrics,
     uri: String,
     slot: String,
     publication: String,
@@ -103,6 +104,7 @@ pub fn open(args: OpenArgs<'_>) -> Result<PgSource, SourceError> {
     let acked = Arc::new(AtomicU64::new(0));
     let cfg = StreamCfg {
         source_name: args.plan.spec.name.name.clone(),
+        metrics: args.metrics.clone(),
         uri: opts.get("uri").unwrap_or_default().to_string(),
         publication: opts
             .get("publication")
@@ -306,6 +308,7 @@ struct Assembler {
     truncates_ignored: u64,
     fail_on_truncate: bool,
     source_name: String,
+    metrics: crate::metrics::Metrics,
     /// Closed transactions not yet acknowledged: (end LSN, commit time).
     unacked: std::collections::VecDeque<(u64, i64)>,
     /// The newest WAL position the server reported.
@@ -525,7 +528,7 @@ impl Assembler {
                         )));
                     }
                     self.truncates_ignored += 1;
-                    crate::metrics::global().truncate_ignored(&self.source_name);
+                    self.metrics.truncate_ignored(&self.source_name);
                     tracing::warn!(tables = %routed.join(", "), ignored = self.truncates_ignored, "TRUNCATE ignored (on_truncate = 'ignore'): the sink keeps the rows");
                 }
             }
@@ -560,7 +563,7 @@ impl Assembler {
             Some((_, ts)) => (chrono::Utc::now().timestamp_micros() - ts).max(0) as f64 / 1e6,
             None => 0.0,
         };
-        crate::metrics::global().source_lag(
+        self.metrics.source_lag(
             &self.source_name,
             Some(self.received.saturating_sub(acked)),
             Some(seconds),
@@ -654,7 +657,15 @@ async fn stream(
                 resume: cfg.resume_snapshots.get(&t.plan_table).cloned(),
             })
             .collect();
-        Some(Snapshotter::open(&cfg.uri, targets, cfg.snapshot_chunk_rows).await?)
+        Some(
+            Snapshotter::open(
+                &cfg.uri,
+                targets,
+                cfg.snapshot_chunk_rows,
+                cfg.metrics.clone(),
+            )
+            .await?,
+        )
     } else {
         None
     };
@@ -707,6 +718,7 @@ async fn stream(
         truncates_ignored: 0,
         fail_on_truncate: cfg.fail_on_truncate,
         source_name: cfg.source_name.clone(),
+        metrics: cfg.metrics.clone(),
         unacked: Default::default(),
         received: start,
         window: None,
