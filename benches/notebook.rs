@@ -167,7 +167,11 @@ fn main() {
     );
     let mut ours = f64::MAX;
     let mut count = 0i64;
-    for _ in 0..3 {
+    let mut ours_tries = 0;
+    // Up to three tries; one when a try takes over 10 s (the figure is
+    // then far above the noise).
+    while ours_tries < 3 && (ours_tries == 0 || ours < 10.0) {
+        ours_tries += 1;
         let started = Instant::now();
         let result = runtime
             .block_on(pipeline.sql("SELECT count(*) AS n FROM lake.t"))
@@ -183,7 +187,9 @@ fn main() {
     let location = runtime.block_on(metadata_location(&d.join("catalog.db")));
     let harness = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness");
     let mut duck = f64::MAX;
-    for _ in 0..if full { 2 } else { 1 } {
+    let mut duck_tries = 0;
+    while duck_tries < if full { 2 } else { 1 } && (duck_tries == 0 || duck < 10.0) {
+        duck_tries += 1;
         let out = Command::new(&python)
             .args(["-c", DUCKDB_COUNT_PY])
             .arg(&harness)
@@ -200,7 +206,7 @@ fn main() {
         duck = duck.min(v["seconds"].as_f64().unwrap());
     }
     println!(
-        "notebook: count(*) of {count} live rows ({} snapshots): ours best {:.3} s of 3, DuckDB iceberg_scan {:.3} s; DuckDB/ours {:.1}",
+        "notebook: count(*) of {count} live rows ({} snapshots): ours best {:.3} s of {ours_tries}, DuckDB iceberg_scan best {:.3} s of {duck_tries}; DuckDB/ours {:.2}",
         report.routes[0].commits,
         ours,
         duck,
