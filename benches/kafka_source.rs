@@ -256,36 +256,14 @@ fn ceiling(broker: &Broker, topic: &str) -> Ceiling {
     }
 }
 
-/// Starts the peak RSS (VmHWM) over, so each run's peak is its own; false
-/// when the kernel does not allow it (the peak is then of the process).
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// The metadata location the SQL catalog (SQLite file) holds for `b.orders`.
-async fn metadata_location(db: &Path) -> String {
-    use sqlx::Row;
-    let url = format!("sqlite://{}?mode=ro", db.display());
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .unwrap();
-    let row = sqlx::query(
-        "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = 'b' AND table_name = ?",
-    )
-    .bind(TOPIC)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
-    row.get::<String, _>(0)
-}
-
 /// DuckDB's read of `b.orders` of the catalog in `dir`: one JSON object a
 /// row, by id.
 fn lake_rows(runtime: &tokio::runtime::Runtime, python: &Path, dir: &Path) -> Vec<String> {
-    let loc = runtime.block_on(metadata_location(&dir.join("catalog.db")));
+    let loc = runtime.block_on(support::metadata_location(
+        &dir.join("catalog.db"),
+        "b",
+        TOPIC,
+    ));
     let out = Command::new(python)
         .arg(harness_script("iceberg_read.py"))
         .arg(&loc)
@@ -389,7 +367,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let peaks_own = reset_peak_rss();
+    let peaks_own = support::reset_peak_rss();
     // Rows of the first read: every later read must equal them.
     let mut reference: Option<Vec<String>> = None;
     let mut check = |what: &str, d: &Path| {
@@ -427,7 +405,7 @@ fn main() {
             lake = lake(&kd),
             columns = support::COLUMNS
         );
-        reset_peak_rss();
+        support::reset_peak_rss();
         let broker_before = broker.cpu_seconds();
         let started = Instant::now();
         let cpu_before = cpu_seconds();
@@ -476,7 +454,7 @@ fn main() {
             lake = lake(&fd),
             columns = support::COLUMNS
         );
-        reset_peak_rss();
+        support::reset_peak_rss();
         let (secs, cpu, report) = support::timed_run(&runtime, &text, bytes);
         let peak = peak_rss_mib();
         let route = &report.routes[0];

@@ -47,11 +47,6 @@ fn current_rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Starts the peak RSS (VmHWM) over; false when the kernel refuses.
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
 fn harness_python() -> Option<PathBuf> {
     let python = std::env::var("URUTAU_TEST_PYTHON")
         .map(PathBuf::from)
@@ -65,24 +60,6 @@ fn harness_python() -> Option<PathBuf> {
     }
     println!("notebook: SKIPPED: {why}");
     None
-}
-
-async fn metadata_location(db: &Path) -> String {
-    use sqlx::Row;
-    let url = format!("sqlite://{}?mode=ro", db.display());
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .unwrap();
-    let row = sqlx::query(
-        "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = 'b' AND table_name = 't'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
-    row.get::<String, _>(0)
 }
 
 fn main() {
@@ -127,7 +104,7 @@ fn main() {
     // preview(1000) of the whole file: the best of three, and the memory
     // it took beyond what the process held before.
     let rss_before = current_rss_mib();
-    let reset = reset_peak_rss();
+    let reset = support::reset_peak_rss();
     let mut best = f64::MAX;
     for _ in 0..3 {
         let started = Instant::now();
@@ -184,7 +161,7 @@ fn main() {
             .value(0);
     }
     assert_eq!(count as usize, live, "count(*) is the live keys");
-    let location = runtime.block_on(metadata_location(&d.join("catalog.db")));
+    let location = runtime.block_on(support::metadata_location(&d.join("catalog.db"), "b", "t"));
     let harness = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness");
     let mut duck = f64::MAX;
     let mut duck_tries = 0;

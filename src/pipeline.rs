@@ -65,6 +65,9 @@ pub struct Pipeline {
     /// The plan made at load; the first run takes it, later runs plan
     /// afresh (a plan executes once).
     planned: Mutex<Option<PipelinePlan>>,
+    /// The plan whose sinks queries read, made on the first query and kept
+    /// (a query executes no plan, so one serves them all).
+    query_plan: tokio::sync::OnceCell<PipelinePlan>,
     /// What describes the pipeline (explain, describe, routes): the plan
     /// made at load, kept.
     shape: PipelineShape,
@@ -174,6 +177,7 @@ impl Pipeline {
                     registry,
                     secrets,
                     planned: Mutex::new(Some(plan)),
+                    query_plan: tokio::sync::OnceCell::new(),
                     shape,
                     warnings,
                     metrics: Metrics::default(),
@@ -349,7 +353,7 @@ impl Pipeline {
     /// Reading creates and commits nothing.
     pub async fn sql(&self, query: &str) -> Result<QueryResult, Error> {
         let plan = self.query_plan().await?;
-        query::run(&plan, query)
+        query::run(plan, query)
             .await
             .map_err(|e| Error::Query(self.scrub(&e)))
     }
@@ -357,17 +361,23 @@ impl Pipeline {
     /// Every row of one sink table (`lake.orders`).
     pub async fn read(&self, table: &str) -> Result<QueryResult, Error> {
         let plan = self.query_plan().await?;
-        query::read(&plan, table)
+        query::read(plan, table)
             .await
             .map_err(|e| Error::Query(self.scrub(&e)))
     }
 
-    /// A plan whose sinks queries read (planned afresh: the load's plan is
-    /// kept for the run).
-    async fn query_plan(&self) -> Result<PipelinePlan, Error> {
-        plan_pipeline(self.spec.clone(), &self.registry)
+    /// The plan whose sinks queries read (its own: the load's plan is kept
+    /// for the run).
+    async fn query_plan(&self) -> Result<&PipelinePlan, Error> {
+        self.query_plan
+            .get_or_try_init(|| async {
+                plan_pipeline(self.spec.clone(), &self.registry)
+                    .await
+                    .map_err(|diags| {
+                        Error::Unavailable(self.scrub(&diags.render(&self.shown, None)))
+                    })
+            })
             .await
-            .map_err(|diags| Error::Unavailable(self.scrub(&diags.render(&self.shown, None))))
     }
 }
 

@@ -106,6 +106,34 @@ pub fn generate(path: &std::path::Path, changes: usize) -> (u64, usize) {
     )
 }
 
+/// Starts the peak RSS (VmHWM) over, so each run's peak is its own; false
+/// when the kernel does not allow it (the peak is then of the process).
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The metadata location the SQL catalog (SQLite file `db`) holds for
+/// `namespace.table`.
+pub async fn metadata_location(db: &std::path::Path, namespace: &str, table: &str) -> String {
+    use sqlx::Row;
+    let url = format!("sqlite://{}?mode=ro", db.display());
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let row = sqlx::query(
+        "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?",
+    )
+    .bind(namespace)
+    .bind(table)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    row.get::<String, _>(0)
+}
+
 /// Peak resident memory of this process so far (VmHWM).
 pub fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -187,6 +187,50 @@ pub(crate) fn as_u64(v: Option<&Value>) -> u64 {
     }
 }
 
+/// What a table's rows say of its last commit.
+struct LastCommit {
+    rows: u64,
+    /// The highest `seq` (0 when empty).
+    max_seq: u64,
+    /// The position in the newest data row; `None` when empty.
+    position: Option<String>,
+}
+
+/// Reads [`LastCommit`] of `database.table` (one query; resume is
+/// `argMax(position, seq)`, see the module docs).
+async fn last_commit(
+    client: &Client,
+    database: &str,
+    table: &str,
+) -> Result<LastCommit, SinkError> {
+    let row = query_rows(
+        client,
+        &format!(
+            "SELECT max({seq}) AS max_seq, argMax({pos}, {seq}) AS last_position, count() AS n FROM {}.{}",
+            ident(database),
+            ident(table),
+            seq = ident(ddl::SEQ),
+            pos = ident(ddl::POSITION),
+        ),
+    )
+    .await?;
+    let row = row.first().cloned().unwrap_or_default();
+    let rows = as_u64(row.get("n"));
+    let position = if rows > 0 {
+        row.get("last_position")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+    } else {
+        None
+    };
+    Ok(LastCommit {
+        rows,
+        max_seq: as_u64(row.get("max_seq")),
+        position,
+    })
+}
+
 /// One table the sink writes, as prepared by `ensure_table`.
 struct TableState {
     /// A client whose default database is the table's.
@@ -387,28 +431,11 @@ impl Sink for ClickHouseSink {
             }
         }
         let client = self.client.clone().with_database(&database);
-        let row = query_rows(
-            &client,
-            &format!(
-                "SELECT max({seq}) AS max_seq, argMax({pos}, {seq}) AS last_position, count() AS n FROM {}.{}",
-                ident(&database),
-                ident(&table),
-                seq = ident(ddl::SEQ),
-                pos = ident(ddl::POSITION),
-            ),
-        )
-        .await?;
-        let row = row.first().cloned().unwrap_or_default();
-        let rows = as_u64(row.get("n"));
-        let max_seq = as_u64(row.get("max_seq"));
-        let committed = if rows > 0 {
-            row.get("last_position")
-                .and_then(Value::as_str)
-                .filter(|p| !p.is_empty())
-                .map(str::to_string)
-        } else {
-            None
-        };
+        let LastCommit {
+            rows,
+            max_seq,
+            position: committed,
+        } = last_commit(&client, &database, &table).await?;
         let owners = if target.workers > 1 {
             Some(
                 owners::Owners::prepare(&client, &database, &table, target.workers, rows, max_seq)
@@ -447,26 +474,7 @@ impl Sink for ClickHouseSink {
         if !self.table_exists(&database, &table).await? {
             return Ok(None);
         }
-        let row = query_rows(
-            &self.client,
-            &format!(
-                "SELECT argMax({pos}, {seq}) AS last_position, count() AS n FROM {}.{}",
-                ident(&database),
-                ident(&table),
-                seq = ident(ddl::SEQ),
-                pos = ident(ddl::POSITION),
-            ),
-        )
-        .await?;
-        let row = row.first().cloned().unwrap_or_default();
-        if as_u64(row.get("n")) == 0 {
-            return Ok(None);
-        }
-        Ok(row
-            .get("last_position")
-            .and_then(Value::as_str)
-            .filter(|p| !p.is_empty())
-            .map(str::to_string))
+        Ok(last_commit(&self.client, &database, &table).await?.position)
     }
 
     async fn read_table(
