@@ -342,7 +342,7 @@ impl Pipeline {
         crate::preview::preview(&self.spec, &self.registry, limit)
             .await
             .map_err(|e| match e {
-                PreviewError::Unsupported(m) | PreviewError::Run(m) => Error::Run(self.scrub(&m)),
+                PreviewError::Run(m) => Error::Run(self.scrub(&m)),
                 PreviewError::Plan(m) => Error::Unavailable(self.scrub(&m)),
             })
     }

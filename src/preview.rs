@@ -10,7 +10,9 @@
 //! writing it. The run is limited to `limit` changes per route
 //! ([`RunOptions::changes_per_route`]) and ends when every route had them
 //! or the source is caught up, so a preview of a huge file reads only its
-//! beginning.
+//! beginning. Sources read without creating or moving anything
+//! ([`RunOptions::peek`]): a Postgres source peeks at its slot and reads
+//! its unfinished snapshots by `SELECT`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -32,13 +34,6 @@ use crate::QueryResult;
 /// do with the row (`upsert` or `delete` on an upsert table, `append` on
 /// an append table).
 pub const CHANGE_COLUMN: &str = "_change";
-
-/// Source kinds whose reading creates or consumes something (a Postgres
-/// slot and publication), which a preview must not do.
-const UNPREVIEWABLE_SOURCES: &[(&str, &str)] = &[(
-    "postgres",
-    "previewing a postgres source is not available yet: reading it would create its replication slot and publication",
-)];
 
 /// The batches each table was handed: (sink name, table) -> batches.
 #[derive(Debug, Default)]
@@ -145,17 +140,6 @@ pub(crate) async fn preview(
     base: &Registry,
     limit: u64,
 ) -> Result<BTreeMap<String, QueryResult>, PreviewError> {
-    for source in &spec.sources {
-        if let Some((_, why)) = UNPREVIEWABLE_SOURCES
-            .iter()
-            .find(|(k, _)| *k == source.kind.name)
-        {
-            return Err(PreviewError::Unsupported(format!(
-                "source {}: {why}",
-                source.name
-            )));
-        }
-    }
     let captures = Arc::new(Captures::default());
     let registry = preview_registry(base, &captures);
     let plan: PipelinePlan = plan_pipeline(spec.clone(), &registry)
@@ -165,6 +149,7 @@ pub(crate) async fn preview(
     let options = RunOptions {
         exit_when_caught_up: true,
         changes_per_route: Some(limit),
+        peek: true,
         metrics: Default::default(),
     };
     urutau_engine::run(&plan, options, urutau_engine::Shutdown::new())
@@ -183,8 +168,6 @@ pub(crate) async fn preview(
 /// Why a preview failed.
 #[derive(Debug)]
 pub(crate) enum PreviewError {
-    /// The pipeline reads something a preview cannot read harmlessly.
-    Unsupported(String),
     /// Planning again failed (a server could not be asked).
     Plan(String),
     /// The limited run failed.

@@ -140,9 +140,7 @@ impl SinkUnderTest for UnderTest<'_> {
 
 #[tokio::test]
 async fn the_conformance_contract_holds() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
     ch.fresh_database("urutau_t_contract").await;
@@ -160,9 +158,7 @@ async fn the_conformance_contract_holds() {
 /// read.
 #[tokio::test]
 async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
     ch.fresh_database("urutau_t_up").await;
@@ -214,9 +210,7 @@ async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
 /// deletes are rows flagged `is_deleted`.
 #[tokio::test]
 async fn append_records_every_change_exactly_once_across_kill_9() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
     ch.fresh_database("urutau_t_ap").await;
@@ -286,9 +280,7 @@ async fn set_owner_coordinate(ch: &ClickHouse, db: &str, owner: u32, (position, 
 /// incomplete owner set is an error.
 #[tokio::test]
 async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
     ch.fresh_database("urutau_t_pt").await;
@@ -356,9 +348,7 @@ async fn a_lagging_owner_is_where_a_partitioned_table_resumes() {
 /// every change exactly once under `FINAL`.
 #[tokio::test]
 async fn append_idempotent_reads_a_replayed_change_once() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
     ch.fresh_database("urutau_t_ai").await;
@@ -449,9 +439,7 @@ CREATE TABLE ch.items WITH (write_mode = 'append-idempotent', workers = 4) AS
 /// Every canonical kind lands in its native ClickHouse type and reads back.
 #[tokio::test]
 async fn every_canonical_kind_round_trips_natively() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
     ch.fresh_database("urutau_t_k").await;
@@ -562,9 +550,7 @@ CREATE TABLE ch.kinds AS SELECT * FROM src.kinds;
 /// columns; nothing is written or altered.
 #[tokio::test]
 async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
     ch.fresh_database("urutau_t_mm").await;

@@ -26,7 +26,7 @@ const KEYS: i64 = 2_000;
 const CONTROL: &str = "_urutau::position";
 
 fn python() -> PathBuf {
-    common::harness_python().expect("the test readers are needed: run tests/harness/setup")
+    common::harness_python()
 }
 
 /// The file into Couchbase collection `items` of `bucket`, selecting every
@@ -568,4 +568,84 @@ CREATE TABLE cb.items WITH (write_mode = 'append') AS SELECT * FROM src.items;",
     assert_eq!(read[&keys[1]], json!({"id": 1, "name": "b"}));
     assert_eq!(read[&keys[2]], json!({"id": 1, "name": "b"}));
     assert!(read[&keys[3]].is_null(), "{read:?}");
+}
+
+/// The keys the changes of `lines` touch (a key-changing update both),
+/// sorted, once each.
+fn touched_ids(lines: &[String]) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for l in lines {
+        let v: Value = serde_json::from_str(l).unwrap();
+        for image in [&v["before"], &v["after"]] {
+            if let Some(id) = image["id"].as_i64()
+                && !ids.contains(&id)
+            {
+                ids.push(id);
+            }
+        }
+    }
+    ids.sort();
+    ids
+}
+
+/// The ids of a preview's rows, sorted.
+fn preview_ids(result: &urutau::QueryResult) -> Vec<i64> {
+    let mut ids: Vec<i64> = result
+        .batches
+        .iter()
+        .flat_map(|b| {
+            let id = arrow::compute::cast(
+                b.column_by_name("id").unwrap(),
+                &arrow::datatypes::DataType::Int64,
+            )
+            .unwrap();
+            arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(&id)
+                .values()
+                .to_vec()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A preview into Couchbase reads the control document without preparing
+/// anything: before the first run no bucket, scope or collection is made
+/// (the cluster's layout, listed by the Python SDK, is unchanged); after a
+/// run it shows only the changes after the committed position, `limit` of
+/// them, and the control document stays as it was.
+#[tokio::test]
+async fn preview_reads_the_position_and_creates_no_layout() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let cb = Couchbase::start(&python, &dir.path().join("cb"));
+    let data = dir.path().join("changes.jsonl");
+    let (lines, _) = workload(4242, 40, 15);
+    write_lines(&data, &lines[..20]);
+    let p = pipeline(dir.path(), &data, &cb, "pv", "", "");
+    let layout = cb.layout();
+    assert!(layout.get("pv").is_none(), "{layout}");
+
+    let pipeline = urutau::Pipeline::load(&p).await.unwrap();
+    let preview = pipeline.preview(5).await.unwrap();
+    assert_eq!(preview_ids(&preview["cb.items"]), touched_ids(&lines[..5]));
+    assert_eq!(cb.layout(), layout, "preview created nothing");
+
+    common::run_to_end(&p);
+    let control = cb.get("pv", "_default", "items", &[CONTROL.into()]);
+    assert!(control[CONTROL]["position"].is_string(), "{control:?}");
+    let layout = cb.layout();
+
+    write_lines(&data, &lines);
+    let preview = pipeline.preview(5).await.unwrap();
+    assert_eq!(
+        preview_ids(&preview["cb.items"]),
+        touched_ids(&lines[20..25]),
+        "the 5 changes after the committed position"
+    );
+    assert_eq!(
+        cb.get("pv", "_default", "items", &[CONTROL.into()]),
+        control,
+        "the control document is untouched"
+    );
+    assert_eq!(cb.layout(), layout);
 }

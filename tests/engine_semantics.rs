@@ -711,6 +711,7 @@ async fn a_dropped_tailing_source_leaves_no_reader_thread() {
         start: None,
         snapshots: Default::default(),
         exit_when_caught_up: false,
+        peek: None,
         policy: BatchPolicy {
             max_rows: 10,
             max_interval: Duration::from_millis(20),

@@ -191,9 +191,7 @@ fn quickstart_pipeline(dir: &Path, db: &Path) -> PathBuf {
 
 #[tokio::test]
 async fn quickstart_into_iceberg_is_read_back_by_duckdb() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let md = quickstart_read_back(&python, dir.path(), "").await;
     // Partitioned by day, with global equality deletes (an unpartitioned spec).
@@ -246,9 +244,7 @@ async fn quickstart_read_back(python: &Path, dir: &Path, sink_options: &str) -> 
 /// partitions' files, the deletes (global) are gone, the read is unchanged.
 #[tokio::test]
 async fn compaction_of_a_partitioned_table_keeps_its_rows() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let md = quickstart_read_back(
         &python,
@@ -278,9 +274,7 @@ async fn compaction_of_a_partitioned_table_keeps_its_rows() {
 async fn compaction_rewrites_only_the_partition_groups_that_need_it() {
     use common::workload::{event, random_row};
     use rand::SeedableRng;
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("changes.jsonl");
     let mut rng = rand::rngs::StdRng::seed_from_u64(41);
@@ -478,9 +472,7 @@ async fn random_changes_with_kill_9(
 
 #[tokio::test]
 async fn the_conformance_contract_holds() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let catalog = Catalog::Sql(dir.path());
     let s = UnderTest {
@@ -493,9 +485,7 @@ async fn the_conformance_contract_holds() {
 
 #[tokio::test]
 async fn random_changes_with_kill_9_end_equal_to_the_oracle() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let catalog = Catalog::Sql(dir.path());
     random_changes_with_kill_9(&python, dir.path(), &catalog, "").await;
@@ -597,9 +587,7 @@ async fn random_changes_with_kill_9_and_maintenance(
 
 #[tokio::test]
 async fn random_changes_with_kill_9_and_maintenance_end_equal_to_the_oracle() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let catalog = Catalog::Sql(dir.path());
     random_changes_with_kill_9_and_maintenance(&python, dir.path(), &catalog, true).await;
@@ -607,9 +595,7 @@ async fn random_changes_with_kill_9_and_maintenance_end_equal_to_the_oracle() {
 
 #[tokio::test]
 async fn random_changes_with_kill_9_and_maintenance_through_a_rest_catalog_on_s3() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
     let catalog = Catalog::Rest(&server);
@@ -618,9 +604,7 @@ async fn random_changes_with_kill_9_and_maintenance_through_a_rest_catalog_on_s3
 
 #[tokio::test]
 async fn random_changes_with_kill_9_through_a_rest_catalog_on_s3() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
     random_changes_with_kill_9(&python, dir.path(), &Catalog::Rest(&server), "").await;
@@ -693,18 +677,14 @@ async fn snapshot_expiry(python: &Path, dir: &Path, catalog: &Catalog<'_>) {
 
 #[tokio::test]
 async fn snapshot_expiry_keeps_the_newest_snapshots_and_the_position() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     snapshot_expiry(&python, dir.path(), &Catalog::Sql(dir.path())).await;
 }
 
 #[tokio::test]
 async fn snapshot_expiry_through_a_rest_catalog_on_s3() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
     snapshot_expiry(&python, dir.path(), &Catalog::Rest(&server)).await;
@@ -718,9 +698,7 @@ async fn snapshot_expiry_through_a_rest_catalog_on_s3() {
 async fn orphan_cleanup_removes_old_unreferenced_files_only() {
     use std::io::Write;
     use std::time::{Duration, SystemTime};
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let catalog = Catalog::Sql(dir.path());
     let data = dir.path().join("changes.jsonl");
@@ -863,9 +841,7 @@ fn coordinated_changes(
 /// duplicate would show as two rows with one coordinate in DuckDB's read.
 #[tokio::test]
 async fn append_idempotent_lands_each_change_once_by_its_coordinate() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("changes");
     let (lines, state) = workload(23, 20_000, 1_500);
@@ -1011,30 +987,22 @@ CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
 
 #[tokio::test]
 async fn append_records_every_change_once() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     append_once(&python, dir.path(), &Catalog::Sql(dir.path())).await;
 }
 
 #[tokio::test]
 async fn random_changes_with_kill_9_through_a_sql_catalog_on_postgres() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
-    let Some(pg) = common::Postgres::start(&dir.path().join("pg")) else {
-        return;
-    };
+    let pg = common::Postgres::start(&dir.path().join("pg"));
     random_changes_with_kill_9(&python, dir.path(), &Catalog::Postgres(&pg, dir.path()), "").await;
 }
 
 #[tokio::test]
 async fn append_records_every_change_once_through_a_rest_catalog_on_s3() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
     append_once(&python, dir.path(), &Catalog::Rest(&server)).await;
@@ -1067,9 +1035,7 @@ async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
 
 #[tokio::test]
 async fn every_canonical_kind_round_trips_through_duckdb() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("kinds.jsonl");
     let max = json!({
@@ -1209,9 +1175,7 @@ fn resumed_from(pipeline: &Path) -> String {
 
 #[tokio::test]
 async fn resume_reads_the_property_or_walks_the_branch_after_a_rollback() {
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("changes.jsonl");
     let (lines, state) = workload(11, 3_000, 400);
@@ -1278,9 +1242,7 @@ async fn resume_reads_the_property_or_walks_the_branch_after_a_rollback() {
 async fn commit_conflicts_retry_and_lost_responses_do_not_duplicate() {
     use arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray};
     use urutau_planner::sink::SinkBatch;
-    let Some(python) = common::harness_python() else {
-        return;
-    };
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
         "CREATE SOURCE src FROM file WITH (path = '/dev/null');

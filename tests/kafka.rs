@@ -176,10 +176,9 @@ async fn workload(pool: &sqlx::PgPool, seed: u64, ops: usize, present: &mut Vec<
 /// times; DuckDB's read equals Postgres row for row. The same messages,
 /// exported to a change file, read by the file source, land equal too.
 async fn debezium_into_iceberg(schemas: bool, seed: u64) {
-    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
-    let pg =
-        Postgres::start(&dir.path().join("pg")).expect("PostgreSQL (apt-get install postgresql)");
+    let pg = Postgres::start(&dir.path().join("pg"));
     let pool = PgPoolOptions::new()
         .max_connections(2)
         .connect(&pg.uri())
@@ -324,7 +323,7 @@ CREATE TABLE out.acct AS SELECT * FROM f.acct;
 /// stop the run, naming topic, partition and offset.
 #[tokio::test]
 async fn new_partitions_are_read_and_deleted_offsets_stop_the_run() {
-    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let kafka = Kafka::start(&python, dir.path());
     kafka.create_topic("items", 3);
@@ -429,7 +428,7 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS
 /// -9s and a replay forced by a new route that reads from the beginning.
 #[tokio::test]
 async fn append_idempotent_lands_each_message_once_by_its_coordinate() {
-    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let kafka = Kafka::start(&python, dir.path());
     kafka.create_topic("events", 3);
@@ -641,7 +640,7 @@ fn days_text(days: i64) -> String {
 /// MicroTimestamp, Date, Uuid), each schema fetched once.
 #[tokio::test]
 async fn avro_through_the_schema_registry_lands_correctly() {
-    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let kafka = Kafka::start(&python, dir.path());
     let registry = SchemaRegistry::start(dir.path());
@@ -770,7 +769,7 @@ CREATE TABLE lake.acct AS SELECT * FROM k.acct;
 /// message reads once under `FINAL`, at its coordinate.
 #[tokio::test]
 async fn append_idempotent_into_clickhouse_reads_each_message_once_under_final() {
-    let python = common::harness_python().expect("the test readers (tests/harness/setup)");
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let kafka = Kafka::start(&python, dir.path());
     let ch = common::ClickHouse::start(&python, &dir.path().join("ch"));

@@ -346,9 +346,7 @@ async fn assert_items_equal(
 /// end; DuckDB reads both tables equal to Postgres, row for row.
 #[tokio::test]
 async fn streamed_changes_survive_kill_9_and_end_equal_to_postgres() {
-    let Some((python, dir, pg, db)) = start().await else {
-        return;
-    };
+    let (python, dir, pg, db) = start().await;
     let p = pipeline(dir.path(), &pg);
     // The Go engine's YAML means the same pipeline (`kind: postgres`,
     // `slotName`): identical plans, schemas read from the catalog.
@@ -548,9 +546,7 @@ async fn prefill(db: &PgPool, rows: i64) {
 /// `snapshot` with no commit time.
 #[tokio::test]
 async fn snapshot_of_100k_rows_with_a_concurrent_writer_survives_kill_9() {
-    let Some((python, dir, pg, db)) = start().await else {
-        return;
-    };
+    let (python, dir, pg, db) = start().await;
     const ROWS: i64 = 100_000;
     prefill(&db, ROWS).await;
     let p = dir.path().join("snap.sql");
@@ -709,15 +705,14 @@ async fn assert_slot_not_ahead(db: &PgPool, dir: &Path) {
 }
 
 /// DuckDB's harness, a work directory, a started server and a pool on it
-/// with the schema created (`None`: skipped locally, with the reason
-/// printed).
-async fn start() -> Option<(PathBuf, tempfile::TempDir, common::Postgres, PgPool)> {
-    let python = common::harness_python()?;
+/// with the schema created.
+async fn start() -> (PathBuf, tempfile::TempDir, common::Postgres, PgPool) {
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
-    let pg = common::Postgres::start(&dir.path().join("pg"))?;
+    let pg = common::Postgres::start(&dir.path().join("pg"));
     let db = pool(&pg).await;
     db.execute(SCHEMA).await.unwrap();
-    Some((python, dir, pg, db))
+    (python, dir, pg, db)
 }
 
 /// After a run to the end, the slot is acknowledged exactly up to what

@@ -281,3 +281,194 @@ CREATE TABLE lake.items AS SELECT id, qty * 10 AS qty10 FROM src.items WHERE qty
         "nothing was committed"
     );
 }
+
+/// The slot's `confirmed_flush_lsn` and `restart_lsn` (`None`: no slot).
+async fn slot_lsns(db: &sqlx::PgPool, slot: &str) -> Option<(String, String)> {
+    sqlx::query_as(
+        "SELECT confirmed_flush_lsn::text, restart_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(db)
+    .await
+    .unwrap()
+}
+
+async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(db).await.unwrap()
+}
+
+/// A text cell of `batch`.
+fn cell(batch: &RecordBatch, column: &str, row: usize) -> String {
+    array_value_to_string(batch.column_by_name(column).unwrap(), row).unwrap()
+}
+
+/// Postgres: a fresh pipeline's preview is the snapshot's first rows by a
+/// plain SELECT (no slot, publication or replica identity made); after a
+/// run, a preview is the slot's next changes, peeked (the slot's
+/// `confirmed_flush_lsn` and `restart_lsn` do not move, nothing is
+/// created); a table added to the pipeline previews its snapshot behind
+/// the backlog; a slot a run streams from is refused; and each run then
+/// commits the rows its preview showed.
+#[tokio::test]
+async fn postgres_preview_selects_the_snapshot_and_peeks_at_the_slot() {
+    use sqlx::Executor;
+    let dir = tempfile::tempdir().unwrap();
+    let pg = common::Postgres::start(&dir.path().join("pg"));
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&pg.uri())
+        .await
+        .unwrap();
+    db.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, status text, amount numeric(10,2));
+         INSERT INTO orders SELECT i, 'new', i * 1.5 FROM generate_series(1, 5) i;
+         CREATE TABLE refunds (id bigint PRIMARY KEY, order_id bigint);
+         INSERT INTO refunds VALUES (1, 4), (2, 5);",
+    )
+    .await
+    .unwrap();
+    let d = dir.path().display();
+    let sink = format!(
+        "CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');"
+    );
+    let orders = "CREATE TABLE lake.orders WITH (primary_key = 'id') AS
+  SELECT id, upper(status) AS status, amount, _op AS change_op, _phase AS phase FROM src.public.orders WHERE id <> 4;";
+    let source = format!(
+        "CREATE SOURCE src FROM postgres WITH (uri = '{}', slot = 'preview_slot');",
+        pg.uri()
+    );
+    let text = format!("CREATE PIPELINE pgp;\n{source}\n{sink}\n{orders}\n");
+    let p = Pipeline::from_sql(&text, "pgp").await.unwrap();
+
+    // Fresh: the snapshot's first rows, nothing made anywhere.
+    let preview = p.preview(3).await.unwrap();
+    let shown = sorted(&preview["lake.orders"]);
+    assert_eq!(ids(&shown), [1, 2, 3]);
+    assert_eq!(cell(&shown, "status", 0), "NEW", "the projection ran");
+    assert_eq!(cell(&shown, "change_op", 0), "insert");
+    assert_eq!(cell(&shown, "phase", 0), "snapshot");
+    assert_eq!(cell(&shown, CHANGE_COLUMN, 0), "upsert");
+    assert_eq!(slot_lsns(&db, "preview_slot").await, None, "no slot");
+    assert_eq!(count(&db, "SELECT count(*) FROM pg_publication").await, 0);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM pg_class WHERE relname = 'orders' AND relreplident = 'f'"
+        )
+        .await,
+        0,
+        "the replica identity is left alone"
+    );
+    assert!(!dir.path().join("catalog.db").exists() && !dir.path().join("wh").exists());
+
+    // The run commits what the preview showed (and the rest of the table).
+    p.run(RunOptions {
+        exit_when_caught_up: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let landed = sorted(&p.sql("SELECT * FROM lake.orders").await.unwrap());
+    assert_eq!(ids(&landed), [1, 2, 3, 5]);
+    let first3 = landed.slice(0, 3);
+    let last = shown.num_columns() - 1;
+    same_rows(
+        &shown.project(&(0..last).collect::<Vec<_>>()).unwrap(),
+        &first3,
+    );
+
+    // The backlog: four changes in three transactions.
+    db.execute("UPDATE orders SET status = 'paid', amount = 9.99 WHERE id = 2")
+        .await
+        .unwrap();
+    db.execute(
+        "BEGIN; DELETE FROM orders WHERE id = 3; INSERT INTO orders VALUES (6, 'new', 6); COMMIT;",
+    )
+    .await
+    .unwrap();
+    db.execute("INSERT INTO orders VALUES (7, 'new', 7)")
+        .await
+        .unwrap();
+    let lsns = slot_lsns(&db, "preview_slot")
+        .await
+        .expect("the run made the slot");
+    let preview = p.preview(3).await.unwrap();
+    let shown = sorted(&preview["lake.orders"]);
+    assert_eq!(ids(&of_kind(&shown, "upsert")), [2, 6]);
+    assert_eq!(ids(&of_kind(&shown, "delete")), [3]);
+    let paid = of_kind(&shown, "upsert");
+    assert_eq!(cell(&paid, "status", 0), "PAID");
+    assert_eq!(cell(&paid, "amount", 0), "9.99");
+    assert_eq!(cell(&paid, "change_op", 0), "update");
+    assert_eq!(cell(&paid, "phase", 0), "stream");
+    assert_eq!(
+        slot_lsns(&db, "preview_slot").await,
+        Some(lsns.clone()),
+        "the slot did not move"
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM pg_replication_slots").await,
+        1
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM pg_publication").await, 1);
+
+    // A table added to the pipeline: the backlog first, then its snapshot.
+    let refunds =
+        "CREATE TABLE lake.refunds WITH (primary_key = 'id') AS SELECT * FROM src.public.refunds;";
+    let text2 = format!("CREATE PIPELINE pgp;\n{source}\n{sink}\n{orders}\n{refunds}\n");
+    let p2 = Pipeline::from_sql(&text2, "pgp").await.unwrap();
+    let preview2 = p2.preview(10).await.unwrap();
+    assert_eq!(ids(&sorted(&preview2["lake.orders"])), [2, 3, 6, 7]);
+    assert_eq!(ids(&sorted(&preview2["lake.refunds"])), [1, 2]);
+    assert_eq!(slot_lsns(&db, "preview_slot").await, Some(lsns.clone()));
+
+    // A slot a run streams from is not peeked at.
+    let handle = p.start(RunOptions::default()).await.unwrap();
+    let mut active = false;
+    for _ in 0..200 {
+        active = count(
+            &db,
+            "SELECT count(*) FROM pg_replication_slots WHERE active",
+        )
+        .await
+            == 1;
+        if active {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(active, "the run streams from the slot");
+    let busy = p.preview(3).await.unwrap_err().to_string();
+    assert!(busy.contains("preview_slot is in use"), "{busy}");
+    assert!(!busy.contains("postgres://"), "no uri in errors: {busy}");
+    // Until the run has committed the backlog.
+    let mut n = 0;
+    for _ in 0..300 {
+        let r = p.sql("SELECT count(*) FROM lake.orders").await.unwrap();
+        n = cell(&r.batches[0], r.schema.field(0).name(), 0)
+            .parse()
+            .unwrap();
+        if n == 5 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(n, 5, "the run committed the backlog");
+    handle.stop();
+    let report = handle.wait().await.unwrap();
+    assert!(report.routes[0].commits > 0, "{report:?}");
+
+    // That run committed what the preview showed, and more.
+    let landed = sorted(&p.sql("SELECT * FROM lake.orders").await.unwrap());
+    assert_eq!(ids(&landed), [1, 2, 5, 6, 7]);
+    let shown_upserts = of_kind(&shown, "upsert");
+    let landed_2_6 = arrow::compute::filter_record_batch(
+        &landed,
+        &ids(&landed)
+            .iter()
+            .map(|i| Some(*i == 2 || *i == 6))
+            .collect(),
+    )
+    .unwrap();
+    same_rows(&shown_upserts, &landed_2_6);
+}

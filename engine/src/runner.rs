@@ -43,6 +43,10 @@ pub struct RunOptions {
     /// cut there, so the positions such a run reports are not transaction
     /// boundaries: only for runs whose sinks commit nothing.
     pub changes_per_route: Option<u64>,
+    /// Preview: sources read without creating, consuming or acknowledging
+    /// anything (a Postgres source reads its tables by `SELECT` and peeks
+    /// at its slot instead of creating a slot and streaming from it).
+    pub peek: bool,
     /// Where the run reports its figures (`/metrics`, `/statusz`, a
     /// notebook's progress).
     pub metrics: Metrics,
@@ -230,6 +234,9 @@ pub async fn run(
             start: start.clone(),
             snapshots,
             exit_when_caught_up: options.exit_when_caught_up,
+            peek: options
+                .peek
+                .then(|| options.changes_per_route.unwrap_or(u64::MAX)),
             policy: BatchPolicy::from(plan.batch),
             stop: Arc::clone(&stop_reading),
             metrics: metrics.clone(),

@@ -160,24 +160,18 @@ pub fn show(d: &Diagnostics) -> String {
 
 /// The Python of the test harness's virtualenv (DuckDB and its Iceberg
 /// extension): `URUTAU_TEST_PYTHON`, or the default venv `tests/harness/setup`
-/// creates. Missing: a failure in CI, a skip (with the reason printed)
-/// elsewhere.
-pub fn harness_python() -> Option<std::path::PathBuf> {
+/// creates. Missing, the test fails and says what to run (`scripts/test`
+/// installs it).
+pub fn harness_python() -> std::path::PathBuf {
     let candidate = std::env::var("URUTAU_TEST_PYTHON")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| std::path::PathBuf::from("/var/tmp/urutau-test-venv/bin/python"));
-    if candidate.exists() {
-        return Some(candidate);
-    }
-    let why = format!(
-        "the test readers are not installed ({} is missing): run tests/harness/setup",
+    assert!(
+        candidate.exists(),
+        "the test readers are not installed ({} is missing): run tests/harness/setup (scripts/test does)",
         candidate.display()
     );
-    if std::env::var_os("CI").is_some() {
-        panic!("{why}");
-    }
-    eprintln!("SKIPPED: {why}");
-    None
+    candidate
 }
 
 /// Rows of an Iceberg table as DuckDB reads them (`iceberg_scan` of the
@@ -346,14 +340,14 @@ impl Drop for Seaweed {
 }
 
 /// A PostgreSQL server started by tests/harness/postgres.py for one test,
-/// stopped when dropped. Missing server packages: a failure in CI, a skip
-/// elsewhere.
+/// stopped when dropped. A server that does not start fails the test with
+/// the harness's reason (`scripts/test` installs the packages).
 pub struct Postgres {
     pub info: serde_json::Value,
 }
 
 impl Postgres {
-    pub fn start(dir: &std::path::Path) -> Option<Postgres> {
+    pub fn start(dir: &std::path::Path) -> Postgres {
         let script = harness_script("postgres.py");
         let out = std::process::Command::new("python3")
             .arg(script)
@@ -361,20 +355,14 @@ impl Postgres {
             .arg(dir)
             .output()
             .expect("python3 runs");
-        if !out.status.success() {
-            let why = format!(
-                "PostgreSQL did not start: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            if std::env::var_os("CI").is_some() {
-                panic!("{why}");
-            }
-            eprintln!("SKIPPED: {why}");
-            return None;
-        }
-        Some(Postgres {
+        assert!(
+            out.status.success(),
+            "PostgreSQL did not start (apt-get install postgresql, or run scripts/test): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Postgres {
             info: serde_json::from_slice(&out.stdout).expect("the harness prints JSON"),
-        })
+        }
     }
 
     pub fn uri(&self) -> String {
@@ -605,6 +593,29 @@ impl Couchbase {
         assert!(
             out.status.success(),
             "the Python SDK could not read {bucket}.{scope}.{collection}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("the reader prints JSON")
+    }
+
+    /// Every bucket with its scopes and their collections, as the Python
+    /// SDK's management APIs list them (`{bucket: {scope: [collection]}}`).
+    pub fn layout(&self) -> serde_json::Value {
+        let out = std::process::Command::new(&self.python)
+            .arg(harness_script("couchbase.py"))
+            .args([
+                "layout",
+                "--connstr",
+                &self.connstr,
+                "--username",
+                &self.user,
+            ])
+            .args(["--password", &self.password])
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "the Python SDK could not list the cluster's layout: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).expect("the reader prints JSON")

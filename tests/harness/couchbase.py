@@ -305,6 +305,32 @@ def cmd_remove(args):
     print(json.dumps(out), flush=True)
 
 
+def cmd_layout(args):
+    """Every bucket with its scopes and their collections, as the SDK's
+    management APIs list them: {bucket: {scope: [collection, ...]}} (a
+    memcached bucket, which has none: null)."""
+    from datetime import timedelta
+    from couchbase.auth import PasswordAuthenticator
+    from couchbase.cluster import Cluster
+    from couchbase.options import ClusterOptions, WaitUntilReadyOptions
+    from couchbase.diagnostics import ServiceType
+
+    try:
+        cluster = Cluster(args.connstr, ClusterOptions(PasswordAuthenticator(args.username, args.password)))
+        cluster.wait_until_ready(timedelta(seconds=args.timeout),
+                                 WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
+        out = {}
+        for b in cluster.buckets().get_all_buckets():
+            if str(b.bucket_type.value) == "memcached":
+                out[b.name] = None  # no scopes or collections
+                continue
+            scopes = cluster.bucket(b.name).collections().get_all_scopes()
+            out[b.name] = {s.name: sorted(c.name for c in s.collections) for s in scopes}
+    except Exception as e:
+        fail(f"listing the cluster's buckets and collections: {e!r}")
+    print(json.dumps(out, sort_keys=True), flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -326,6 +352,12 @@ def main(argv=None):
         s.add_argument("--collection", default="_default")
         s.add_argument("--timeout", type=float, default=30.0, help="connect/ready timeout, seconds")
         s.set_defaults(func=func, sdk=True)
+    s = sub.add_parser("layout")
+    s.add_argument("--connstr", required=True)
+    s.add_argument("--username", default=USERNAME)
+    s.add_argument("--password", default=PASSWORD)
+    s.add_argument("--timeout", type=float, default=30.0, help="connect/ready timeout, seconds")
+    s.set_defaults(func=cmd_layout, sdk=True)
     args = p.parse_args(argv)
     if getattr(args, "sdk", False):
         watchdog(args.timeout * 2 + 60)

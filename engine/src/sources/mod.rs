@@ -66,6 +66,13 @@ pub struct OpenArgs<'a> {
     /// over).
     pub snapshots: HashMap<Vec<String>, SnapshotProgress>,
     pub exit_when_caught_up: bool,
+    /// A preview of at most this many changes per table
+    /// ([`RunOptions::peek`](crate::RunOptions::peek)): read without
+    /// creating, consuming or acknowledging anything. A source that has
+    /// something to create or move (a Postgres slot) reads another way;
+    /// the others read as always (a file; a Kafka topic, read without a
+    /// group and committing nothing to the broker).
+    pub peek: Option<u64>,
     pub policy: BatchPolicy,
     /// Set when the run is stopping: the source stops reading.
     pub stop: Arc<AtomicBool>,

@@ -740,7 +740,7 @@ pub async fn recover(
 /// A table written with another number of workers cannot resume safely:
 /// an owner the route no longer has could be behind, and its changes would
 /// be skipped.
-fn check_owners(c: &Control, workers: u32, table: &str) -> Result<(), SinkError> {
+pub fn check_owners(c: &Control, workers: u32, table: &str) -> Result<(), SinkError> {
     let found: Vec<&str> = c.owners.keys().map(String::as_str).collect();
     let same = if workers > 1 {
         // Owners may be added (a new owner resumes from the start); none

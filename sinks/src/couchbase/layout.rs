@@ -142,6 +142,47 @@ pub async fn ensure_collection(
     Ok(bucket.scope(scope).collection(collection))
 }
 
+/// The collection when the bucket, the scope and the collection all
+/// exist, `None` otherwise; creates nothing (a preview's read of the
+/// position).
+pub async fn find_collection(
+    cluster: &Cluster,
+    config: &Config,
+    scope: &str,
+    collection: &str,
+) -> Result<Option<Collection>, SinkError> {
+    let table = format!("{scope}.{collection}");
+    let calls = &config.calls;
+    let buckets = cluster.buckets();
+    let found = calls
+        .run_classified(
+            "read bucket settings",
+            &table,
+            || async {
+                match buckets.get_bucket(&config.bucket, None).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if *e.kind() == ErrorKind::BucketNotFound => Ok(false),
+                    Err(e) => Err(e),
+                }
+            },
+            classify,
+        )
+        .await?;
+    if !found {
+        return Ok(None);
+    }
+    let bucket = cluster.bucket(&config.bucket);
+    let manager = bucket.collections();
+    let scopes = calls
+        .run("list scopes", &table, || manager.get_all_scopes(None))
+        .await?;
+    let exists = scopes
+        .iter()
+        .find(|s| s.name() == scope)
+        .is_some_and(|s| s.collections().iter().any(|c| c.name() == collection));
+    Ok(exists.then(|| bucket.scope(scope).collection(collection)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

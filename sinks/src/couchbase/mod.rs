@@ -392,6 +392,24 @@ impl Sink for CouchbaseSink {
         )))
     }
 
+    /// The control document's position, read without preparing anything
+    /// (no bucket, scope or collection is created; a missing one holds
+    /// nothing). In `atomic` mode the control document is the commit
+    /// record, so a journal a crash left does not change what it says.
+    async fn peek_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {
+        let (scope, collection) = self.names(target)?;
+        let table = format!("{scope}.{collection}");
+        let cluster = self.cluster(&table).await?;
+        let Some(coll) =
+            layout::find_collection(cluster, &self.config, &scope, &collection).await?
+        else {
+            return Ok(None);
+        };
+        let (control, _) = commit::read_control(&self.config, &coll, &table).await?;
+        commit::check_owners(&control, target.workers, &table)?;
+        Ok(control.resume(target.workers))
+    }
+
     async fn committed_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {
         let state = self.state(target).await?;
         let s = state.lock().await;

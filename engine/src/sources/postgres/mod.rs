@@ -18,6 +18,11 @@
 //! position neither re-reads nor skips a transaction. The slot is
 //! acknowledged only up to positions every route has committed.
 //!
+//! A preview ([`OpenArgs::peek`]) reads another way, creating and moving
+//! nothing: the slot's backlog by `pg_logical_slot_peek_binary_changes`,
+//! then each unfinished snapshot's first rows by a plain `SELECT`
+//! (`stream::peek`).
+//!
 //! Unless `snapshot = 'none'`, the routed tables are copied first, DBLog
 //! style, while the stream flows ([`snapshot`]): chunks in primary-key
 //! order between low and high watermarks, progress committed in the sink
@@ -177,6 +182,11 @@ impl SourceKind for PostgresKind {
     }
 
     fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
-        stream::open(args).map(|s| Box::new(s) as Box<dyn ChangeSource>)
+        match args.peek {
+            Some(limit) => {
+                stream::open_peek(args, limit).map(|s| Box::new(s) as Box<dyn ChangeSource>)
+            }
+            None => stream::open(args).map(|s| Box::new(s) as Box<dyn ChangeSource>),
+        }
     }
 }

@@ -248,6 +248,49 @@ impl Snapshotter {
         self.next_chunk += 1;
         let low = format!("low:{}:{}", self.run, self.next_chunk);
         let high = format!("high:{}:{}", self.run, self.next_chunk);
+        let sql = self.chunk_sql(i, self.chunk_rows);
+        let pg = self.tables[i].pg.clone();
+        let pause = self.window_pause;
+        let conn = self.session(&pg)?;
+        emit(conn, &low).await?;
+        // The simple query protocol: values arrive as text, produced by the
+        // same output functions pgoutput uses.
+        let result = Executor::fetch_all(&mut *conn, sqlx::raw_sql(&sql))
+            .await
+            .map_err(|e| SourceError::new(format!("reading a snapshot chunk of {pg}: {e}")))?;
+        if let Some(pause) = pause {
+            // Tests widen the window so live changes land inside it.
+            tokio::time::sleep(pause).await;
+        }
+        emit(conn, &high).await?;
+        self.chunk(i, &result, low, high, self.chunk_rows)
+    }
+
+    /// Preview: the first `limit` rows the next chunk of table `i` would
+    /// hold, by the chunk's own `SELECT` and nothing else (no watermark is
+    /// written, nothing is recorded as copied).
+    pub async fn peek_rows(&mut self, i: usize, limit: usize) -> Result<Chunk, SourceError> {
+        let sql = self.chunk_sql(i, limit);
+        let pg = self.tables[i].pg.clone();
+        let conn = self.session(&pg)?;
+        let result = Executor::fetch_all(&mut *conn, sqlx::raw_sql(&sql))
+            .await
+            .map_err(|e| SourceError::new(format!("reading the first rows of {pg}: {e}")))?;
+        self.chunk(i, &result, String::new(), String::new(), limit)
+    }
+
+    /// The snapshot session, while it is open.
+    fn session(&mut self, pg: &PgTable) -> Result<&mut PgConnection, SourceError> {
+        self.conn.as_mut().ok_or_else(|| {
+            SourceError::new(format!(
+                "internal: a chunk of {pg} was asked for after the snapshot session closed"
+            ))
+        })
+    }
+
+    /// The `SELECT` of table `i`'s next `limit` rows in key order, after
+    /// the last key copied.
+    fn chunk_sql(&self, i: usize, limit: usize) -> String {
         let t = &self.tables[i];
         let after = match &t.progress {
             SnapshotProgress::InProgress { after } => after.clone(),
@@ -266,36 +309,31 @@ impl Snapshotter {
                 format!(" WHERE ({}) > ({})", order.join(", "), bounds.join(", "))
             }
         };
-        let sql = format!(
-            "SELECT {} FROM {}{filter} ORDER BY {} LIMIT {}",
+        format!(
+            "SELECT {} FROM {}{filter} ORDER BY {} LIMIT {limit}",
             columns.join(", "),
             t.pg.quoted(),
             order.join(", "),
-            self.chunk_rows
-        );
+        )
+    }
+
+    /// A chunk of table `i` from its `SELECT`'s rows (`limit` asked for).
+    fn chunk(
+        &self,
+        i: usize,
+        result: &[sqlx::postgres::PgRow],
+        low: String,
+        high: String,
+        limit: usize,
+    ) -> Result<Chunk, SourceError> {
+        let t = &self.tables[i];
+        let pg = &t.pg;
         let key_indexes = t.key_indexes();
-        let pg = t.pg.clone();
-        let Some(conn) = &mut self.conn else {
-            return Err(SourceError::new(format!(
-                "internal: a chunk of {pg} was asked for after the snapshot session closed"
-            )));
-        };
-        emit(conn, &low).await?;
-        // The simple query protocol: values arrive as text, produced by the
-        // same output functions pgoutput uses.
-        let result = Executor::fetch_all(&mut *conn, sqlx::raw_sql(&sql))
-            .await
-            .map_err(|e| SourceError::new(format!("reading a snapshot chunk of {pg}: {e}")))?;
-        if let Some(pause) = self.window_pause {
-            // Tests widen the window so live changes land inside it.
-            tokio::time::sleep(pause).await;
-        }
-        emit(conn, &high).await?;
         let mut rows = Vec::with_capacity(result.len());
         let mut keys = Vec::with_capacity(result.len());
-        for r in &result {
-            let mut values = Vec::with_capacity(columns.len());
-            for (c, name) in columns.iter().enumerate() {
+        for r in result {
+            let mut values = Vec::with_capacity(t.columns.len());
+            for (c, name) in t.columns.iter().enumerate() {
                 let fail = |e: &dyn std::fmt::Display| {
                     SourceError::new(format!("{pg}: snapshot column {name}: {e}"))
                 };
@@ -331,7 +369,7 @@ impl Snapshotter {
             snapshot: i,
             low,
             high,
-            last: rows.len() < self.chunk_rows,
+            last: rows.len() < limit,
             rows,
             keys,
             last_key,
@@ -352,6 +390,13 @@ impl Snapshotter {
         publish(&self.metrics, t, self.terminal);
         if t.progress.is_complete() {
             tracing::info!(table = %t.pg, rows = t.copied, "initial snapshot complete");
+        }
+    }
+
+    /// Closes the snapshot session.
+    pub async fn close(mut self) {
+        if let Some(conn) = self.conn.take() {
+            catalog::close(conn).await;
         }
     }
 

@@ -27,6 +27,9 @@ use crate::change_batch::{ContextBuilder, RowKind};
 use crate::position::Position;
 use crate::sources::{ChangeSource, OpenArgs, SourceBatch, SourceError, TableChanges};
 
+mod peek;
+pub use peek::open as open_peek;
+
 /// The prefix of the logical message that marks "caught up".
 const CAUGHT_UP_PREFIX: &str = "urutau.caught_up";
 /// Rows per snapshot chunk unless `snapshot_chunk_rows` says otherwise.
@@ -35,6 +38,7 @@ pub const DEFAULT_CHUNK_ROWS: usize = 5_000;
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
 /// A routed table, as the stream needs it.
+#[derive(Clone)]
 struct TableCfg {
     pg: PgTable,
     plan_table: Vec<String>,
@@ -76,56 +80,63 @@ pub struct PgSource {
     )>,
 }
 
+impl StreamCfg {
+    /// The task's settings from the source's plan and options.
+    fn from_args(args: &OpenArgs<'_>) -> Result<StreamCfg, SourceError> {
+        let opts = &args.plan.spec.options;
+        let slot = opts.get("slot").unwrap_or_default().to_string();
+        let start = match &args.start {
+            None => None,
+            Some(Position::Lsn(l)) => Some(*l),
+            Some(other) => {
+                return Err(SourceError::new(format!("{other} is not an LSN position")));
+            }
+        };
+        let tables = args
+            .plan
+            .tables
+            .iter()
+            .map(|t| {
+                Ok(TableCfg {
+                    pg: PgTable::from_parts(&t.table).map_err(SourceError::new)?,
+                    plan_table: t.table.clone(),
+                    schema: t.schema.clone(),
+                    scan_schema: Arc::clone(&t.scan_schema),
+                    before_images: t.before_images.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, SourceError>>()?;
+        Ok(StreamCfg {
+            source_name: args.plan.spec.name.name.clone(),
+            metrics: args.metrics.clone(),
+            uri: opts.get("uri").unwrap_or_default().to_string(),
+            publication: opts
+                .get("publication")
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{slot}_pub")),
+            slot,
+            keep_replica_identity: opts.get("replica_identity") == Some("keep"),
+            fail_on_truncate: opts.get("on_truncate") == Some("fail"),
+            tables,
+            start,
+            snapshot: opts.get("snapshot") != Some("none"),
+            snapshot_chunk_rows: opts
+                .get("snapshot_chunk_rows")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(DEFAULT_CHUNK_ROWS),
+            resume_snapshots: args.snapshots.clone(),
+            exit_when_caught_up: args.exit_when_caught_up,
+            policy: args.policy,
+            stop: Arc::clone(&args.stop),
+            acked: Arc::new(AtomicU64::new(0)),
+        })
+    }
+}
+
 /// Starts the stream task.
 pub fn open(args: OpenArgs<'_>) -> Result<PgSource, SourceError> {
-    let opts = &args.plan.spec.options;
-    let slot = opts.get("slot").unwrap_or_default().to_string();
-    let start = match args.start {
-        None => None,
-        Some(Position::Lsn(l)) => Some(l),
-        Some(other) => {
-            return Err(SourceError::new(format!("{other} is not an LSN position")));
-        }
-    };
-    let tables = args
-        .plan
-        .tables
-        .iter()
-        .map(|t| {
-            Ok(TableCfg {
-                pg: PgTable::from_parts(&t.table).map_err(SourceError::new)?,
-                plan_table: t.table.clone(),
-                schema: t.schema.clone(),
-                scan_schema: Arc::clone(&t.scan_schema),
-                before_images: t.before_images.clone(),
-            })
-        })
-        .collect::<Result<Vec<_>, SourceError>>()?;
-    let acked = Arc::new(AtomicU64::new(0));
-    let cfg = StreamCfg {
-        source_name: args.plan.spec.name.name.clone(),
-        metrics: args.metrics.clone(),
-        uri: opts.get("uri").unwrap_or_default().to_string(),
-        publication: opts
-            .get("publication")
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{slot}_pub")),
-        slot,
-        keep_replica_identity: opts.get("replica_identity") == Some("keep"),
-        fail_on_truncate: opts.get("on_truncate") == Some("fail"),
-        tables,
-        start,
-        snapshot: opts.get("snapshot") != Some("none"),
-        snapshot_chunk_rows: opts
-            .get("snapshot_chunk_rows")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_CHUNK_ROWS),
-        resume_snapshots: args.snapshots.clone(),
-        exit_when_caught_up: args.exit_when_caught_up,
-        policy: args.policy,
-        stop: Arc::clone(&args.stop),
-        acked: Arc::clone(&acked),
-    };
+    let cfg = StreamCfg::from_args(&args)?;
+    let acked = Arc::clone(&cfg.acked);
     let (tx, rx) = mpsc::channel(2);
     let (close_tx, close_rx) = tokio::sync::oneshot::channel();
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
@@ -323,6 +334,52 @@ struct Assembler {
 }
 
 impl Assembler {
+    /// The state at the start of a stream that begins at `start`.
+    fn new(cfg: &StreamCfg, tables: Vec<TableCfg>, start: u64) -> Result<Assembler, SourceError> {
+        let builders = tables
+            .into_iter()
+            .map(|t| {
+                let columns = t
+                    .schema
+                    .columns
+                    .iter()
+                    .map(|c| {
+                        ColumnBuilder::new(&c.ty).map_err(|e| {
+                            SourceError::new(format!("{}: column {}: {e}", t.pg, c.name.name))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(TableBuilder {
+                    columns,
+                    context: ContextBuilder::new(),
+                    source_table: t.plan_table.join("."),
+                    cfg: t,
+                })
+            })
+            .collect::<Result<Vec<_>, SourceError>>()?;
+        Ok(Assembler {
+            builders,
+            relations: HashMap::new(),
+            in_tx: false,
+            commit_ts: None,
+            tx_rows: 0,
+            batch_rows: 0,
+            batch_opened: None,
+            closed_end: None,
+            emitted_end: cfg.start,
+            last_emit: Instant::now(),
+            truncates_ignored: 0,
+            fail_on_truncate: cfg.fail_on_truncate,
+            source_name: cfg.source_name.clone(),
+            metrics: cfg.metrics.clone(),
+            unacked: Default::default(),
+            received: start,
+            window: None,
+            snapshot_progress: Vec::new(),
+            snapshot_moved: false,
+        })
+    }
+
     fn relation(&mut self, rel: Relation) -> Result<(), SourceError> {
         let found = self
             .builders
@@ -460,10 +517,24 @@ impl Assembler {
             .take()
             .expect("a high watermark closes an open window");
         let chunk = window.chunk;
-        let b = &mut self.builders[window.table];
+        let emitted = self.snapshot_rows(window.table, &chunk, &window.touched, lsn)?;
+        Ok((chunk, emitted))
+    }
+
+    /// Appends the rows of `chunk` (of builder `table`) whose key is not in
+    /// `touched` as snapshot rows of one transaction at `lsn` (or after the
+    /// newest closed one); returns how many.
+    fn snapshot_rows(
+        &mut self,
+        table: usize,
+        chunk: &Chunk,
+        touched: &std::collections::HashSet<Vec<u8>>,
+        lsn: u64,
+    ) -> Result<usize, SourceError> {
+        let b = &mut self.builders[table];
         let mut emitted = 0usize;
         for (row, key) in chunk.rows.iter().zip(&chunk.keys) {
-            if window.touched.contains(key) {
+            if touched.contains(key) {
                 continue;
             }
             for (i, value) in row.iter().enumerate() {
@@ -485,7 +556,7 @@ impl Assembler {
         if emitted > 0 && self.batch_opened.is_none() {
             self.batch_opened = Some(Instant::now());
         }
-        Ok((chunk, emitted))
+        Ok(emitted)
     }
 
     fn change(&mut self, message: Message) -> Result<(), SourceError> {
@@ -682,52 +753,11 @@ async fn stream(
     })?;
     tracing::info!(slot = %cfg.slot, start = %Position::Lsn(start), "streaming");
 
-    let builders = cfg
-        .tables
-        .into_iter()
-        .map(|t| {
-            let columns = t
-                .schema
-                .columns
-                .iter()
-                .map(|c| {
-                    ColumnBuilder::new(&c.ty).map_err(|e| {
-                        SourceError::new(format!("{}: column {}: {e}", t.pg, c.name.name))
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(TableBuilder {
-                columns,
-                context: ContextBuilder::new(),
-                source_table: t.plan_table.join("."),
-                cfg: t,
-            })
-        })
-        .collect::<Result<Vec<_>, SourceError>>()?;
-    let mut a = Assembler {
-        builders,
-        relations: HashMap::new(),
-        in_tx: false,
-        commit_ts: None,
-        tx_rows: 0,
-        batch_rows: 0,
-        batch_opened: None,
-        closed_end: None,
-        emitted_end: cfg.start,
-        last_emit: Instant::now(),
-        truncates_ignored: 0,
-        fail_on_truncate: cfg.fail_on_truncate,
-        source_name: cfg.source_name.clone(),
-        metrics: cfg.metrics.clone(),
-        unacked: Default::default(),
-        received: start,
-        window: None,
-        snapshot_progress: snapshotter
-            .as_ref()
-            .map(|s| s.progress())
-            .unwrap_or_default(),
-        snapshot_moved: false,
-    };
+    let mut a = Assembler::new(&cfg, cfg.tables.clone(), start)?;
+    a.snapshot_progress = snapshotter
+        .as_ref()
+        .map(|s| s.progress())
+        .unwrap_or_default();
     let policy = cfg.policy;
     let mut acked_sent = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
