@@ -274,6 +274,13 @@ pub async fn run(
         let committed = Arc::clone(&committed);
         let name = source.spec.name.name.clone();
         let my_routes: Vec<usize> = outlets.iter().map(|o| o.route).collect();
+        // Acknowledged as soon as every route has committed, not only when
+        // the next batch comes (an idle stream would hold its last one).
+        let acknowledger = change_source.acknowledger().map(|ack| {
+            let committed = Arc::clone(&committed);
+            let routes = my_routes.clone();
+            tokio::spawn(async move { committed.acknowledge_each_change(&routes, ack).await })
+        });
         dispatchers.spawn(async move {
             let mut acknowledged: Option<Position> = None;
             let mut source_end: Option<Position> = None;
@@ -337,6 +344,9 @@ pub async fn run(
             .await;
             if result.is_err() {
                 shutdown.trigger();
+            }
+            if let Some(task) = &acknowledger {
+                task.abort();
             }
             // Dropping the senders ends the routes' scans: each route
             // finishes the commit in flight and stops.
@@ -439,6 +449,27 @@ impl Committed {
     fn record(&self, i: usize, mark: &str) {
         if let Ok(p) = Position::parse(self.kinds[i], &CommitMark::position_of(mark)) {
             self.positions.lock().expect("committed lock")[i] = Some(p);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Hands `ack` the position every route in `routes` has committed each
+    /// time a route commits, until they have all ended.
+    async fn acknowledge_each_change(&self, routes: &[usize], ack: sources::Acknowledger) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(safe) = self.safe(routes) {
+                ack(&safe);
+            }
+            if routes
+                .iter()
+                .all(|i| self.ended[*i].load(std::sync::atomic::Ordering::SeqCst))
+            {
+                return;
+            }
+            notified.await;
         }
     }
 

@@ -368,6 +368,38 @@ impl Postgres {
     pub fn uri(&self) -> String {
         self.info["uri"].as_str().unwrap().to_string()
     }
+
+    /// `pg_ctl stop -m MODE`, waiting at most `timeout_s` seconds: fails
+    /// the test with pg_ctl's message when the server does not stop.
+    pub fn stop(&self, mode: &str, timeout_s: u32) {
+        let out = std::process::Command::new("python3")
+            .arg(harness_script("postgres.py"))
+            .args(["stop", "--dir", self.info["dir"].as_str().unwrap()])
+            .args(["--mode", mode, "--timeout", &timeout_s.to_string()])
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts the server again on its directory and port (after
+    /// [`Self::stop`]).
+    pub fn start_again(&self) {
+        let out = std::process::Command::new("python3")
+            .arg(harness_script("postgres.py"))
+            .args(["start", "--dir", self.info["dir"].as_str().unwrap()])
+            .args(["--port", &self.info["port"].to_string()])
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "PostgreSQL did not start again: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 impl Drop for Postgres {

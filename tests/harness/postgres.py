@@ -4,7 +4,7 @@ for the tests: its own data directory, bound to 127.0.0.1 on a free port,
 configured for logical replication.
 
     postgres.py start --dir D      -> prints one JSON line: port, pid, dir, uri
-    postgres.py stop --dir D       -> stops it (pg_ctl stop -m fast)
+    postgres.py stop --dir D       -> stops it (pg_ctl stop -m fast; --mode, --timeout)
 
 initdb refuses to run as root: as root, the server runs as the `postgres`
 user, which owns the data directory.
@@ -90,15 +90,23 @@ def start(args):
 
 
 def stop(args):
+    """pg_ctl stop -m MODE, waiting at most --timeout seconds; exits 1 with
+    pg_ctl's message when the server did not stop in time."""
     data = os.path.join(os.path.abspath(args.dir), "data")
+    failed = None
     if os.path.exists(os.path.join(data, "postmaster.pid")):
-        subprocess.run(
-            as_owner([os.path.join(bindir(), "pg_ctl"), "-D", data, "-m", "fast", "-w", "stop"]),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        res = subprocess.run(
+            as_owner([os.path.join(bindir(), "pg_ctl"), "-D", data, "-m", args.mode, "-w",
+                      "-t", str(args.timeout), "stop"]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
+        if res.returncode != 0:
+            failed = (res.stdout + res.stderr).decode(errors="replace")
     if args.remove_dir:
         shutil.rmtree(args.dir, ignore_errors=True)
+    if failed is not None:
+        raise SystemExit(f"postgres harness: pg_ctl stop -m {args.mode} failed: {failed}")
 
 
 def main():
@@ -110,6 +118,8 @@ def main():
     t = sub.add_parser("stop")
     t.add_argument("--dir", required=True)
     t.add_argument("--remove-dir", action="store_true")
+    t.add_argument("--mode", choices=["smart", "fast", "immediate"], default="fast")
+    t.add_argument("--timeout", type=int, default=60, help="seconds pg_ctl waits")
     args = p.parse_args()
     {"start": start, "stop": stop}[args.cmd](args)
 

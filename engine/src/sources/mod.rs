@@ -80,6 +80,10 @@ pub struct OpenArgs<'a> {
     pub metrics: crate::metrics::Metrics,
 }
 
+/// Acknowledges a position every route has committed
+/// ([`ChangeSource::acknowledger`]); must be cheap and never block.
+pub type Acknowledger = Arc<dyn Fn(&Position) + Send + Sync>;
+
 /// A running source.
 #[async_trait]
 pub trait ChangeSource: Send {
@@ -90,6 +94,16 @@ pub trait ChangeSource: Send {
     /// Every route has committed up to `position`: the source may release
     /// what lies before it (e.g. a replication slot's WAL).
     async fn acknowledge(&mut self, position: &Position) -> Result<(), SourceError>;
+
+    /// A handle that acknowledges from another task, without waiting for
+    /// the next batch: the runner calls it each time every route has
+    /// committed further, so a source that has gone idle still learns of
+    /// its last batch's commit (and can release what it holds, or follow
+    /// its server). `None`: acknowledgements come through
+    /// [`Self::acknowledge`] only.
+    fn acknowledger(&self) -> Option<Acknowledger> {
+        None
+    }
 
     /// The run is over: the source makes sure the last acknowledgement has
     /// reached its server, then releases its connections.

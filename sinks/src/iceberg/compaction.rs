@@ -34,19 +34,16 @@ use iceberg::spec::{
 use iceberg::table::Table;
 use urutau_planner::sink::SinkError;
 
+use super::deletes::DeletedKeys;
 use super::files::DataWriter;
-use super::{commit, conform_by_name, io_error, schema};
+use super::{commit, conform_by_name, io_error};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BooleanArray, RecordBatch};
-use arrow::compute::filter_record_batch;
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
-use arrow_row::{RowConverter, SortField};
 use iceberg::Runtime;
 use iceberg::arrow::{ArrowReaderBuilder, schema_to_arrow_schema};
 use iceberg::scan::{FileScanTask, FileScanTaskStream};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 /// A live file of the current snapshot, with the partition spec of the
 /// manifest that lists it.
@@ -320,7 +317,7 @@ pub async fn build_compaction(
     let arrow: ArrowSchemaRef = Arc::new(schema_to_arrow_schema(&schema).map_err(&err)?);
     // Every live delete applies to the rewritten rows, dropped or not.
     let live: Vec<&LiveFile> = plan.files.iter().map(|(f, _)| *f).collect();
-    let deletes = DeletedKeys::load(table, &arrow, &live).await?;
+    let deletes = DeletedKeys::load(table, &arrow, &live, "compacting").await?;
     let field_ids: Vec<i32> = schema.as_struct().fields().iter().map(|f| f.id).collect();
     let reader = ArrowReaderBuilder::new(
         table.file_io().clone(),
@@ -370,122 +367,6 @@ pub async fn build_compaction(
     let kept: Vec<&LiveFile> = plan.with(Role::Keep).collect();
     let result = commit::build_replace(table, &added, &removed, &kept, manifests).await?;
     Ok((result, added))
-}
-
-/// The keys the table's equality deletes remove, each with the highest
-/// sequence number a delete of it carries.
-struct DeletedKeys {
-    /// Key columns' positions in the table's Arrow schema.
-    key: Vec<usize>,
-    converter: RowConverter,
-    seq: HashMap<Vec<u8>, i64>,
-}
-
-impl DeletedKeys {
-    async fn load(
-        table: &Table,
-        arrow: &ArrowSchemaRef,
-        live: &[&LiveFile],
-    ) -> Result<DeletedKeys, SinkError> {
-        let err = io_error("compacting: reading the delete files");
-        let schema = table.metadata().current_schema();
-        let key_ids: Vec<i32> = schema.identifier_field_ids().collect();
-        let mut key = Vec::new();
-        for id in &key_ids {
-            let name = schema
-                .name_by_field_id(*id)
-                .ok_or_else(|| SinkError::Io(format!("compacting: no field {id}")))?;
-            key.push(
-                arrow
-                    .index_of(name)
-                    .map_err(|e| SinkError::Io(e.to_string()))?,
-            );
-        }
-        let fields = key
-            .iter()
-            .map(|i| SortField::new(arrow.field(*i).data_type().clone()))
-            .collect();
-        let converter = RowConverter::new(fields).map_err(|e| SinkError::Io(e.to_string()))?;
-        let mut seq: HashMap<Vec<u8>, i64> = HashMap::new();
-        for f in live {
-            let e = &f.entry;
-            match e.content_type() {
-                DataContentType::Data => continue,
-                DataContentType::EqualityDeletes => {}
-                DataContentType::PositionDeletes => {
-                    return Err(SinkError::Io(format!(
-                        "compacting: {} holds position deletes, which this build does not compact",
-                        e.file_path()
-                    )));
-                }
-            }
-            let mut ids = e.data_file().equality_ids().unwrap_or_default();
-            ids.sort_unstable();
-            let mut wanted = key_ids.clone();
-            wanted.sort_unstable();
-            if ids != wanted {
-                return Err(SinkError::Io(format!(
-                    "compacting: {} deletes on fields {ids:?}, not on the table's key",
-                    e.file_path()
-                )));
-            }
-            let delete_seq = e.sequence_number().unwrap_or(i64::MAX);
-            let bytes = table
-                .file_io()
-                .new_input(e.file_path())
-                .map_err(&err)?
-                .read()
-                .await
-                .map_err(&err)?;
-            let batches = ParquetRecordBatchReaderBuilder::try_new(bytes)
-                .and_then(|b| b.build())
-                .map_err(|e| SinkError::Io(format!("compacting: reading a delete file: {e}")))?;
-            for batch in batches {
-                let batch = batch.map_err(|e| SinkError::Io(e.to_string()))?;
-                let columns = key
-                    .iter()
-                    .map(|i| {
-                        let name = arrow.field(*i).name();
-                        let c = batch.column_by_name(name).ok_or_else(|| {
-                            SinkError::Io(format!("compacting: a delete file has no {name}"))
-                        })?;
-                        schema::conform(c, arrow.field(*i).data_type())
-                            .map_err(|e| SinkError::Io(format!("compacting: {name}: {e}")))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let rows = converter
-                    .convert_columns(&columns)
-                    .map_err(|e| SinkError::Io(e.to_string()))?;
-                for row in rows.iter() {
-                    let s = seq.entry(row.as_ref().to_vec()).or_insert(delete_seq);
-                    *s = (*s).max(delete_seq);
-                }
-            }
-        }
-        Ok(DeletedKeys {
-            key,
-            converter,
-            seq,
-        })
-    }
-
-    /// `batch` (rows of a data file of sequence number `data_seq`) without
-    /// the rows a later delete removes.
-    fn apply(&self, batch: RecordBatch, data_seq: i64) -> Result<RecordBatch, SinkError> {
-        if self.seq.is_empty() {
-            return Ok(batch);
-        }
-        let columns: Vec<ArrayRef> = self.key.iter().map(|i| batch.column(*i).clone()).collect();
-        let rows = self
-            .converter
-            .convert_columns(&columns)
-            .map_err(|e| SinkError::Io(e.to_string()))?;
-        let keep: BooleanArray = rows
-            .iter()
-            .map(|r| Some(self.seq.get(r.as_ref()).is_none_or(|s| *s <= data_seq)))
-            .collect();
-        filter_record_batch(&batch, &keep).map_err(|e| SinkError::Io(e.to_string()))
-    }
 }
 
 #[cfg(test)]

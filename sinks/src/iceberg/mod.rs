@@ -8,6 +8,7 @@
 mod catalog;
 pub mod commit;
 mod compaction;
+mod deletes;
 mod durable;
 mod expiry;
 mod files;
@@ -15,6 +16,7 @@ pub mod maintenance;
 mod maintenance_turn;
 mod manifest_merge;
 mod orphans;
+mod read;
 pub mod schema;
 
 use std::collections::HashMap;
@@ -31,7 +33,6 @@ use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::spec::{PartitionSpecRef, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent};
-use iceberg_datafusion::IcebergStaticTableProvider;
 use tokio::sync::{Mutex, OnceCell};
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SinkKindDef, SinkProvider};
@@ -564,12 +565,8 @@ impl Sink for IcebergSink {
         let Some(table) = self.load_read_only(target).await? else {
             return Ok(None);
         };
-        // iceberg-datafusion's scan applies the position and equality
-        // deletes of the current snapshot.
-        let provider = IcebergStaticTableProvider::try_new_from_table(table)
-            .await
-            .map_err(io_error("reading the table"))?;
-        Ok(Some(Arc::new(provider)))
+        // The current snapshot with its deletes applied (`read`).
+        Ok(Some(read::provider(table).await?))
     }
 
     async fn committed_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {

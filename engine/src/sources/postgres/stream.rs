@@ -180,6 +180,15 @@ impl ChangeSource for PgSource {
         Ok(())
     }
 
+    fn acknowledger(&self) -> Option<crate::sources::Acknowledger> {
+        let acked = Arc::clone(&self.acked);
+        Some(Arc::new(move |position: &Position| {
+            if let Position::Lsn(l) = position {
+                acked.fetch_max(*l, Ordering::SeqCst);
+            }
+        }))
+    }
+
     async fn close(&mut self) -> Result<(), SourceError> {
         if let Some((close, closed)) = self.close.take() {
             let _ = close.send(());
@@ -625,6 +634,22 @@ impl Assembler {
         }
     }
 
+    /// True when everything received is committed by every route (`acked`
+    /// is what they all hold): no transaction open, no row waiting for a
+    /// batch, no snapshot chunk waiting for its high watermark. The stream
+    /// sends a transaction whole at its commit and in commit order, so then
+    /// no change of a routed table lies before the server's WAL end that is
+    /// not committed, and the slot may be acknowledged up to it: the server
+    /// can release other tables' WAL, and a fast shutdown, which waits for
+    /// the client to confirm everything sent, completes.
+    fn is_idle(&self, acked: u64) -> bool {
+        !self.in_tx
+            && self.tx_rows == 0
+            && self.batch_rows == 0
+            && self.window.is_none()
+            && self.closed_end.is_none_or(|c| acked >= c)
+    }
+
     /// Publishes the lag after an acknowledgement up to `acked`.
     fn report_lag(&mut self, acked: u64) {
         while self.unacked.front().is_some_and(|(l, _)| *l <= acked) {
@@ -696,8 +721,10 @@ async fn stream(
         }
         Some(p) => {
             if p < prepared.slot_lsn {
-                tracing::warn!(slot = %cfg.slot, committed = %Position::Lsn(p), confirmed = %Position::Lsn(prepared.slot_lsn),
-                    "the slot was acknowledged past the sink's oldest committed position; the server streams from the slot's position");
+                // An idle stream acknowledges the server's WAL end, which
+                // holds no routed change past what the sinks committed.
+                tracing::info!(slot = %cfg.slot, committed = %Position::Lsn(p), confirmed = %Position::Lsn(prepared.slot_lsn),
+                    "the slot is ahead of the sinks' oldest committed position (acknowledged over WAL without routed changes); the server streams from the slot's position");
             }
             p
         }
@@ -851,6 +878,15 @@ async fn stream(
                     a.received = a.received.max(wal_end.0);
                     if mark.is_some_and(|m| wal_end.0 >= m) && !a.in_tx {
                         caught_up = true;
+                    }
+                    // Idle: the slot follows the server over WAL that holds
+                    // no change of a routed table.
+                    if a.is_idle(acked)
+                        && snapshotter.as_ref().is_none_or(|s| s.all_complete())
+                        && wal_end.0 > acked_sent
+                    {
+                        client.update_applied_lsn(wal_end);
+                        acked_sent = wal_end.0;
                     }
                 }
                 ReplicationEvent::StoppedAt { .. } => break,
