@@ -4,7 +4,7 @@
 //! must read only the file's beginning), then, after a run into Iceberg
 //! (SQL catalog on SQLite, 10k-row commits: 100 snapshots of equality
 //! deletes), `sql("SELECT count(*) ...")` through the library facade
-//! (iceberg-datafusion, deletes applied) against DuckDB's `count(*)` of
+//! (the sink's reader, equality deletes hashed by key) against DuckDB's `count(*)` of
 //! `iceberg_scan` on the same metadata file (timed inside its python, the
 //! extension already loaded; tests/harness/iceberg_read.py's connection).
 //! The two counts must be equal, and equal to the generator's live keys.
