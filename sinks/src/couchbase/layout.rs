@@ -46,6 +46,30 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The sink's bucket's settings (`None`: no such bucket).
+async fn bucket_settings(
+    cluster: &Cluster,
+    config: &Config,
+    table: &str,
+) -> Result<Option<BucketSettings>, SinkError> {
+    let buckets = cluster.buckets();
+    config
+        .calls
+        .run_classified(
+            "read bucket settings",
+            table,
+            || async {
+                match buckets.get_bucket(&config.bucket, None).await {
+                    Ok(b) => Ok(Some(b)),
+                    Err(e) if *e.kind() == ErrorKind::BucketNotFound => Ok(None),
+                    Err(e) => Err(e),
+                }
+            },
+            classify,
+        )
+        .await
+}
+
 /// Makes sure the bucket, the scope and the collection exist, and returns
 /// the collection.
 pub async fn ensure_collection(
@@ -57,21 +81,7 @@ pub async fn ensure_collection(
     let table = format!("{scope}.{collection}");
     let calls = &config.calls;
     let buckets = cluster.buckets();
-    let found = calls
-        .run_classified(
-            "read bucket settings",
-            &table,
-            || async {
-                match buckets.get_bucket(&config.bucket, None).await {
-                    Ok(b) => Ok(Some(b)),
-                    Err(e) if *e.kind() == ErrorKind::BucketNotFound => Ok(None),
-                    Err(e) => Err(e),
-                }
-            },
-            classify,
-        )
-        .await?;
-    match found {
+    match bucket_settings(cluster, config, &table).await? {
         Some(b) => {
             if b.num_replicas.unwrap_or(0) > 0 {
                 tracing::info!(bucket = %config.bucket, replicas = ?b.num_replicas, "the bucket has replicas: durable writes need that many nodes besides the active one");
@@ -153,22 +163,7 @@ pub async fn find_collection(
 ) -> Result<Option<Collection>, SinkError> {
     let table = format!("{scope}.{collection}");
     let calls = &config.calls;
-    let buckets = cluster.buckets();
-    let found = calls
-        .run_classified(
-            "read bucket settings",
-            &table,
-            || async {
-                match buckets.get_bucket(&config.bucket, None).await {
-                    Ok(_) => Ok(true),
-                    Err(e) if *e.kind() == ErrorKind::BucketNotFound => Ok(false),
-                    Err(e) => Err(e),
-                }
-            },
-            classify,
-        )
-        .await?;
-    if !found {
+    if bucket_settings(cluster, config, &table).await?.is_none() {
         return Ok(None);
     }
     let bucket = cluster.bucket(&config.bucket);

@@ -67,6 +67,23 @@ pub async fn connect(uri: &str) -> Result<PgConnection, String> {
         .map_err(|e| format!("connecting to Postgres: {}", redact(&e.to_string())))
 }
 
+/// Sets the session's text output to what the value parsers expect (the
+/// replication session's `-c` options), so values a SQL session reads
+/// compare byte for byte with the stream's.
+pub async fn set_text_output(conn: &mut PgConnection, session: &str) -> Result<(), SourceError> {
+    // (Executor's boxed futures: RawSql's own async fns are not Send for
+    // every lifetime.)
+    sqlx::Executor::execute(
+        &mut *conn,
+        sqlx::raw_sql(
+            "SET TimeZone = 'UTC'; SET DateStyle = 'ISO'; SET bytea_output = 'hex'; SET extra_float_digits = 1",
+        ),
+    )
+    .await
+    .map_err(|e| SourceError::new(format!("setting up {session}: {e}")))?;
+    Ok(())
+}
+
 /// Removes anything that looks like URI credentials from a message.
 fn redact(text: &str) -> String {
     urutau_planner::options::redact_text(text)

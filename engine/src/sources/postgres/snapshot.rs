@@ -135,16 +135,7 @@ impl Snapshotter {
     ) -> Result<Snapshotter, SourceError> {
         let mut conn = catalog::connect(uri).await.map_err(SourceError::new)?;
         // Text output exactly as the replication session's.
-        // (Executor's boxed futures: RawSql's own async fns are not Send
-        // for every lifetime.)
-        Executor::execute(
-            &mut conn,
-            sqlx::raw_sql(
-                "SET TimeZone = 'UTC'; SET DateStyle = 'ISO'; SET bytea_output = 'hex'; SET extra_float_digits = 1",
-            ),
-        )
-        .await
-        .map_err(|e| SourceError::new(format!("setting up the snapshot session: {e}")))?;
+        catalog::set_text_output(&mut conn, "the snapshot session").await?;
         let mut tables = Vec::new();
         for t in targets {
             let progress = t.resume.unwrap_or(SnapshotProgress::NotStarted);

@@ -133,6 +133,30 @@ impl StreamCfg {
     }
 }
 
+impl StreamCfg {
+    /// The routed tables for which `wanted` holds, as the snapshot reads
+    /// them, each with its committed progress.
+    fn snapshot_targets(&self, wanted: impl Fn(&TableCfg) -> bool) -> Vec<SnapshotTarget<'_>> {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| wanted(t))
+            .map(|(i, t)| SnapshotTarget {
+                table: i,
+                pg: &t.pg,
+                plan_table: &t.plan_table,
+                columns: t
+                    .schema
+                    .columns
+                    .iter()
+                    .map(|c| c.name.name.clone())
+                    .collect(),
+                resume: self.resume_snapshots.get(&t.plan_table).cloned(),
+            })
+            .collect()
+    }
+}
+
 /// Starts the stream task.
 pub fn open(args: OpenArgs<'_>) -> Result<PgSource, SourceError> {
     let cfg = StreamCfg::from_args(&args)?;
@@ -738,23 +762,7 @@ async fn stream(
     catalog::close(conn).await;
     // The slot exists (created above when absent) before any snapshot read.
     let mut snapshotter = if cfg.snapshot {
-        let targets = cfg
-            .tables
-            .iter()
-            .enumerate()
-            .map(|(i, t)| SnapshotTarget {
-                table: i,
-                pg: &t.pg,
-                plan_table: &t.plan_table,
-                columns: t
-                    .schema
-                    .columns
-                    .iter()
-                    .map(|c| c.name.name.clone())
-                    .collect(),
-                resume: cfg.resume_snapshots.get(&t.plan_table).cloned(),
-            })
-            .collect();
+        let targets = cfg.snapshot_targets(|_| true);
         Some(
             Snapshotter::open(
                 &cfg.uri,

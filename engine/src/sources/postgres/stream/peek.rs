@@ -27,14 +27,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use sqlx::Row;
 use sqlx::postgres::PgConnection;
-use sqlx::{Executor, Row};
 
 use super::{Assembler, PG_EPOCH_MICROS, StreamCfg};
 use crate::position::Position;
 use crate::sources::postgres::catalog::{self, quote_ident};
 use crate::sources::postgres::pgoutput::{self, Message};
-use crate::sources::postgres::snapshot::{SnapshotTarget, Snapshotter};
+use crate::sources::postgres::snapshot::Snapshotter;
 use crate::sources::{ChangeSource, OpenArgs, SourceBatch, SourceError};
 
 /// The preview's source: reads everything at the first batch asked for.
@@ -94,14 +94,7 @@ async fn read_on(
     limit: u64,
 ) -> Result<Option<SourceBatch>, SourceError> {
     // pgoutput renders values with the session's settings: the stream's.
-    Executor::execute(
-        &mut *conn,
-        sqlx::raw_sql(
-            "SET TimeZone = 'UTC'; SET DateStyle = 'ISO'; SET bytea_output = 'hex'; SET extra_float_digits = 1",
-        ),
-    )
-    .await
-    .map_err(|e| SourceError::new(format!("setting up the preview session: {e}")))?;
+    catalog::set_text_output(conn, "the preview session").await?;
     let start = cfg.start.unwrap_or(0);
     let mut a = match slot_state(conn, &cfg.slot).await? {
         Some(slot) => {
@@ -307,28 +300,11 @@ async fn snapshot_rows(
     limit: u64,
     at: u64,
 ) -> Result<(), SourceError> {
-    let targets: Vec<SnapshotTarget<'_>> = cfg
-        .tables
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| {
-            cfg.resume_snapshots
-                .get(&t.plan_table)
-                .is_none_or(|p| !p.is_complete())
-        })
-        .map(|(i, t)| SnapshotTarget {
-            table: i,
-            pg: &t.pg,
-            plan_table: &t.plan_table,
-            columns: t
-                .schema
-                .columns
-                .iter()
-                .map(|c| c.name.name.clone())
-                .collect(),
-            resume: cfg.resume_snapshots.get(&t.plan_table).cloned(),
-        })
-        .collect();
+    let targets = cfg.snapshot_targets(|t| {
+        cfg.resume_snapshots
+            .get(&t.plan_table)
+            .is_none_or(|p| !p.is_complete())
+    });
     if targets.is_empty() {
         return Ok(());
     }
