@@ -309,14 +309,42 @@ impl Pipeline {
     /// into this pipeline's [`Pipeline::metrics`] (`options.metrics` is
     /// replaced). The handle stops it
     /// (after the commit in flight) and waits for its report.
+    ///
+    /// A transient failure (a server restarting, a lost connection) is
+    /// retried from the committed positions, within the failing part's
+    /// `retry_timeout` ([`urutau_engine::supervisor`]); the pipeline is
+    /// planned afresh before each retry.
     pub async fn start(&self, mut options: RunOptions) -> Result<RunHandle, Error> {
         let plan = self.take_plan().await?;
         options.metrics = self.metrics.clone();
         let shutdown = Shutdown::new();
         let stopper = shutdown.clone();
         let secrets = self.secrets.clone();
+        let (spec, registry) = (self.spec.clone(), self.registry.clone());
+        let (shown, text) = (self.shown.clone(), self.text.clone());
+        let replan = move || {
+            let (spec, registry) = (spec.clone(), registry.clone());
+            let (shown, text) = (shown.clone(), text.clone());
+            async move {
+                plan_pipeline(spec, &registry).await.map_err(|diags| {
+                    // A server that could not be asked, not a change that
+                    // made the pipeline invalid: one line per distinct
+                    // cause, as a retry logs it.
+                    let transient = diags.errors().all(|d| d.unavailable);
+                    let message = if transient {
+                        let mut causes: Vec<&str> =
+                            diags.errors().map(|d| d.message.as_str()).collect();
+                        causes.dedup();
+                        causes.join("; ")
+                    } else {
+                        diags.render(&shown, Some(&text))
+                    };
+                    urutau_engine::RunError::Plan { message, transient }
+                })
+            }
+        };
         let task = tokio::spawn(async move {
-            urutau_engine::run(&plan, options, stopper)
+            urutau_engine::run_with_retries(plan, replan, options, stopper)
                 .await
                 .map_err(|e| Error::Run(secrets.scrub(&e.to_string())))
         });

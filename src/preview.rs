@@ -151,6 +151,7 @@ pub(crate) async fn preview(
         changes_per_route: Some(limit),
         peek: true,
         metrics: Default::default(),
+        continues: false,
     };
     urutau_engine::run(&plan, options, urutau_engine::Shutdown::new())
         .await

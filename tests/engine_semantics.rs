@@ -312,7 +312,7 @@ async fn a_crash_then_restart_ends_like_an_uninterrupted_run() {
             reject_value: None,
         });
         let err = run(&pipeline(&path, &store, 97)).await.unwrap_err();
-        assert!(matches!(err, RunError::Commit(_)), "{err}");
+        assert!(matches!(err, RunError::Commit { .. }), "{err}");
         assert!(err.to_string().contains("injected failure"), "{err}");
         // Restart: no fault now.
         run(&pipeline(&path, &store, 97)).await.unwrap();
@@ -557,7 +557,7 @@ async fn a_rejected_batch_stops_the_run_without_advancing_the_position() {
     for attempt in 0..2 {
         let err = run(&text).await.unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, RunError::Commit(_)), "{msg}");
+        assert!(matches!(err, RunError::Commit { .. }), "{msg}");
         assert!(msg.contains("table "), "{msg}");
         assert!(msg.contains(&format!("position {}", offsets[3])), "{msg}");
         assert!(msg.contains("refuses"), "{msg}");

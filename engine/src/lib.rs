@@ -9,6 +9,8 @@ pub mod runner;
 pub mod shutdown;
 pub mod sources;
 pub mod status_server;
+pub mod supervisor;
 
 pub use runner::{RouteReport, RunError, RunOptions, RunReport, run};
 pub use shutdown::Shutdown;
+pub use supervisor::run_with_retries;

@@ -72,6 +72,26 @@ struct Inner {
     tables: BTreeMap<String, TableStatus>,
     sources: BTreeMap<String, SourceStatus>,
     snapshots: BTreeMap<String, SnapshotStatus>,
+    /// Set while the run waits to retry after a transient failure.
+    retrying: Option<RetryStatus>,
+    /// Retries so far, per failing part (`source pg`, `route lake.orders`).
+    retries: BTreeMap<String, u64>,
+}
+
+/// Why the run is retrying (`/statusz`'s `health.retrying`; `/healthz`
+/// answers 503 while it is set).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RetryStatus {
+    /// The part that failed: `source <name>` or `route <table>`.
+    pub component: String,
+    /// The failure, as the run would report it.
+    pub error: String,
+    /// Retries of this outage so far.
+    pub attempt: u32,
+    /// Unix seconds the outage began.
+    pub since_unix: f64,
+    /// Seconds of the retry budget (`retry_timeout`) left.
+    pub budget_left_seconds: f64,
 }
 
 fn now_unix() -> f64 {
@@ -116,6 +136,35 @@ impl Metrics {
         g.pipeline = name.to_string();
     }
 
+    /// The run failed with a transient error of `status.component` and
+    /// retries: `/healthz` turns unhealthy until the run is back.
+    pub fn retrying(&self, status: RetryStatus) {
+        let mut g = self.lock();
+        *g.retries.entry(status.component.clone()).or_default() += 1;
+        g.retrying = Some(status);
+    }
+
+    /// A source is connected and reading again: the run is healthy.
+    pub fn source_up(&self, _source: &str) {
+        self.lock().retrying = None;
+    }
+
+    /// `None` when healthy, else why not (`/healthz`).
+    pub fn unhealthy(&self) -> Option<String> {
+        self.lock().retrying.as_ref().map(|r| {
+            format!(
+                "retrying {} (attempt {}, {:.0}s of the retry budget left): {}",
+                r.component, r.attempt, r.budget_left_seconds, r.error
+            )
+        })
+    }
+
+    /// Commits landed so far, over every table (a retry whose run made
+    /// progress starts a new retry budget).
+    pub fn total_commits(&self) -> u64 {
+        self.lock().tables.values().map(|t| t.commits).sum()
+    }
+
     /// A route starts (at `position`, in `phase`).
     pub fn table_started(&self, table: &str, phase: &str, position: Option<String>) {
         let mut g = self.lock();
@@ -129,6 +178,7 @@ impl Metrics {
     pub fn committed(&self, table: &str, mark: &str, rows: u64, deletes: u64, seconds: f64) {
         let mark = urutau_planner::progress::CommitMark::parse(mark);
         let mut g = self.lock();
+        g.retrying = None;
         let t = g.tables.entry(table.to_string()).or_default();
         t.commits += 1;
         t.upserts += rows.saturating_sub(deletes);
@@ -200,6 +250,11 @@ impl Metrics {
         let g = self.lock();
         serde_json::json!({
             "pipeline": g.pipeline,
+            "health": {
+                "state": if g.retrying.is_some() { "retrying" } else { "ok" },
+                "retrying": g.retrying,
+                "retries": g.retries,
+            },
             "tables": g.tables,
             "sources": g.sources,
             "snapshots": g.snapshots,
@@ -370,6 +425,25 @@ impl Metrics {
         );
         section(
             &mut out,
+            "urutau_retries_total",
+            "counter",
+            "Retries after a transient failure, by the part that failed.",
+            g.retries
+                .iter()
+                .map(|(c, n)| format!("urutau_retries_total{{component=\"{}\"}} {n}", label(c))),
+        );
+        section(
+            &mut out,
+            "urutau_retrying",
+            "gauge",
+            "1 while the run waits to retry after a transient failure.",
+            [format!(
+                "urutau_retrying {}",
+                u8::from(g.retrying.is_some())
+            )],
+        );
+        section(
+            &mut out,
             "urutau_decode_skipped_total",
             "counter",
             "Messages skipped because they could not be decoded (on_decode_error = 'skip').",
@@ -398,7 +472,20 @@ mod tests {
         m.commit_failed("lake.orders");
         m.source_lag("pg", Some(120), Some(1.5));
         m.truncate_ignored("pg");
+        m.retrying(RetryStatus {
+            component: "source pg".into(),
+            error: "connection refused".into(),
+            attempt: 1,
+            since_unix: 0.0,
+            budget_left_seconds: 299.0,
+        });
+        assert!(m.unhealthy().unwrap().contains("retrying source pg"));
+        assert_eq!(m.status_json()["health"]["state"], "retrying");
         let text = m.prometheus();
+        assert!(text.contains("urutau_retries_total{component=\"source pg\"} 1"));
+        assert!(text.contains("urutau_retrying 1"));
+        m.source_up("pg");
+        assert!(m.unhealthy().is_none());
         for line in [
             "urutau_rows_written_total{table=\"lake.orders\",op=\"upsert\"} 7",
             "urutau_rows_written_total{table=\"lake.orders\",op=\"delete\"} 3",

@@ -50,6 +50,9 @@ pub struct RunOptions {
     /// Where the run reports its figures (`/metrics`, `/statusz`, a
     /// notebook's progress).
     pub metrics: Metrics,
+    /// This run continues an earlier attempt after a transient failure
+    /// ([`crate::supervisor`]): the figures so far are kept.
+    pub continues: bool,
 }
 
 /// What one route did during a run.
@@ -71,20 +74,76 @@ pub struct RunReport {
     pub stopped: bool,
 }
 
-/// Why a run stopped without finishing.
+/// Why a run stopped without finishing. A `transient` error (a server or
+/// the network briefly away) is retried by [`crate::supervisor`]; any
+/// other ends the run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// A commit failed or a sink rejected a batch: the route stopped there,
     /// its position unchanged.
-    #[error("{0}")]
-    Commit(String),
     #[error("route {route}: {message}")]
-    Route { route: String, message: String },
+    Commit {
+        route: String,
+        message: String,
+        transient: bool,
+    },
+    #[error("route {route}: {message}")]
+    Route {
+        route: String,
+        message: String,
+        transient: bool,
+    },
     #[error("source {source_name}: {message}")]
     Source {
         source_name: String,
         message: String,
+        transient: bool,
     },
+    /// Planning the pipeline again (before a retry) failed.
+    #[error("reading the sources' schemas again: {message}")]
+    Plan { message: String, transient: bool },
+}
+
+impl RunError {
+    /// Whether retrying later may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RunError::Commit { transient, .. }
+            | RunError::Route { transient, .. }
+            | RunError::Source { transient, .. }
+            | RunError::Plan { transient, .. } => *transient,
+        }
+    }
+
+    /// The part that failed, as `/statusz` and the retry log name it:
+    /// `source <name>`, `route <table>` or `planner`.
+    pub fn component(&self) -> String {
+        match self {
+            RunError::Commit { route, .. } | RunError::Route { route, .. } => {
+                format!("route {route}")
+            }
+            RunError::Source { source_name, .. } => format!("source {source_name}"),
+            RunError::Plan { .. } => "planner".to_string(),
+        }
+    }
+
+    /// The source's error, for source `name`.
+    fn source(name: &str, e: sources::SourceError) -> RunError {
+        RunError::Source {
+            source_name: name.to_string(),
+            message: e.message,
+            transient: e.transient,
+        }
+    }
+
+    /// A terminal error of source `name`.
+    fn source_terminal(name: &str, message: String) -> RunError {
+        RunError::Source {
+            source_name: name.to_string(),
+            message,
+            transient: false,
+        }
+    }
 }
 
 /// Runs a planned pipeline until it is caught up (with
@@ -95,31 +154,41 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<RunReport, RunError> {
     let metrics = options.metrics.clone();
-    metrics.start_pipeline(&plan.name);
+    if !options.continues {
+        metrics.start_pipeline(&plan.name);
+    }
     // Resume points, read from the sinks.
     let mut resume: Vec<Option<Position>> = Vec::with_capacity(plan.routes.len());
     let mut resume_snapshot: Vec<Option<SnapshotProgress>> = Vec::with_capacity(plan.routes.len());
     for route in &plan.routes {
         let source = plan.spec.source(&route.source).expect("planned");
-        let kind = position_kind(&source.kind.name).ok_or_else(|| RunError::Source {
-            source_name: route.source.clone(),
-            message: format!("source kind {} has no position kind", source.kind),
+        let kind = position_kind(&source.kind.name).ok_or_else(|| {
+            RunError::source_terminal(
+                &route.source,
+                format!("source kind {} has no position kind", source.kind),
+            )
         })?;
+        let sink_err = |doing: String, e: urutau_planner::sink::SinkError| RunError::Route {
+            route: route.name.clone(),
+            message: format!("{doing}: {e}"),
+            transient: e.is_transient(),
+        };
         let err = |message: String| RunError::Route {
             route: route.name.clone(),
             message,
+            transient: false,
         };
         route.sink.ensure_table(&route.target).await.map_err(|e| {
-            err(format!(
-                "preparing table {}: {e}",
-                route.target.display_name()
-            ))
+            sink_err(
+                format!("preparing table {}", route.target.display_name()),
+                e,
+            )
         })?;
         let committed = route
             .sink
             .committed_position(&route.target)
             .await
-            .map_err(|e| err(format!("reading the committed position: {e}")))?;
+            .map_err(|e| sink_err("reading the committed position".to_string(), e))?;
         let mark = committed.as_deref().map(CommitMark::parse);
         let parsed = match &mark {
             Some(CommitMark { position: text, .. }) => {
@@ -207,9 +276,8 @@ pub async fn run(
             .filter_map(|i| resume[*i].clone())
             .collect();
         let start = if starts.len() == route_ids.len() {
-            min_safe(&starts).map_err(|e: PositionError| RunError::Source {
-                source_name: source.spec.name.name.clone(),
-                message: e.to_string(),
+            min_safe(&starts).map_err(|e: PositionError| {
+                RunError::source_terminal(&source.spec.name.name, e.to_string())
             })?
         } else {
             None
@@ -244,10 +312,7 @@ pub async fn run(
         let mut change_source = match opened {
             Ok(s) => s,
             Err(e) => {
-                source_result = Err(RunError::Source {
-                    source_name: source.spec.name.name.clone(),
-                    message: e.message,
-                });
+                source_result = Err(RunError::source(&source.spec.name.name, e));
                 shutdown.trigger();
                 break;
             }
@@ -301,20 +366,12 @@ pub async fn run(
                             }
                             break;
                         }
-                        Err(e) => {
-                            return Err(RunError::Source {
-                                source_name: name.clone(),
-                                message: e.message,
-                            });
-                        }
+                        Err(e) => return Err(RunError::source(&name, e)),
                     };
                     source_end = Some(batch.end.clone());
                     let delivered = dispatch(&mut outlets, &batch, progress_interval)
                         .await
-                        .map_err(|message| RunError::Source {
-                            source_name: name.clone(),
-                            message,
-                        })?;
+                        .map_err(|message| RunError::source_terminal(&name, message))?;
                     if !delivered {
                         // A route stopped; its own error tells why.
                         break;
@@ -332,10 +389,7 @@ pub async fn run(
                         change_source
                             .acknowledge(&safe)
                             .await
-                            .map_err(|e| RunError::Source {
-                                source_name: name.clone(),
-                                message: e.message,
-                            })?;
+                            .map_err(|e| RunError::source(&name, e))?;
                         acknowledged = Some(safe);
                     }
                 }
@@ -375,10 +429,10 @@ pub async fn run(
         match joined {
             Ok(Err(e)) if source_result.is_ok() => source_result = Err(e),
             Err(e) if source_result.is_ok() => {
-                source_result = Err(RunError::Source {
-                    source_name: "?".into(),
-                    message: format!("the dispatcher failed: {e}"),
-                })
+                source_result = Err(RunError::source_terminal(
+                    "?",
+                    format!("the dispatcher failed: {e}"),
+                ))
             }
             _ => {}
         }
@@ -398,6 +452,7 @@ pub async fn run(
                     route_error = Some(RunError::Route {
                         route: "?".into(),
                         message: format!("the route task failed: {e}"),
+                        transient: false,
                     });
                 }
             }
@@ -696,6 +751,7 @@ async fn drive_route(
     let mut stream = physical.execute(0, ctx).map_err(|e| RunError::Route {
         route: name.clone(),
         message: e.strip_backtrace(),
+        transient: false,
     })?;
     while let Some(item) = stream.next().await {
         let stats = item.map_err(|e| {
@@ -727,10 +783,15 @@ fn commit_error(route: &str, e: datafusion::error::DataFusionError) -> RunError 
     if let datafusion::error::DataFusionError::External(inner) = e.find_root()
         && let Some(c) = inner.downcast_ref::<SinkCommitError>()
     {
-        return RunError::Commit(format!("route {route}: {c}"));
+        return RunError::Commit {
+            route: route.to_string(),
+            message: c.to_string(),
+            transient: c.cause.is_transient(),
+        };
     }
     RunError::Route {
         route: route.to_string(),
         message: e.strip_backtrace(),
+        transient: false,
     }
 }

@@ -1,5 +1,5 @@
 //! `--metrics-addr`: a small HTTP endpoint for a long-running pipeline —
-//! `/metrics` (Prometheus text), `/statusz` (JSON), `/healthz` (liveness).
+//! `/metrics` (Prometheus text), `/statusz` (JSON), `/healthz` (200 `ok`, or 503 with the reason while the run retries).
 //! Plain HTTP/1.1 on a tokio listener: read-only, no request bodies.
 
 use std::net::SocketAddr;
@@ -51,7 +51,10 @@ pub async fn serve(addr: &str, metrics: Metrics) -> Result<SocketAddr, String> {
                         "application/json",
                         metrics.status_json().to_string(),
                     ),
-                    "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+                    "/healthz" => match metrics.unhealthy() {
+                        None => ("200 OK", "text/plain", "ok\n".to_string()),
+                        Some(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
+                    },
                     _ => (
                         "404 Not Found",
                         "text/plain",

@@ -157,6 +157,19 @@ impl OptionDef {
         self.aliases = a;
         self
     }
+
+    /// `retry_timeout`, which every source and sink that talks to a server
+    /// accepts: how long one outage of it (lost connection, server
+    /// restarting, HTTP 5xx) is retried before the run stops with the
+    /// cause. The engine's supervisor reads it.
+    pub const fn retry_timeout() -> Self {
+        OptionDef::new(
+            "retry_timeout",
+            OptionType::Duration,
+            "how long an outage of this server is retried (backoff with jitter, from the committed positions) before the run stops",
+        )
+        .default("5m")
+    }
 }
 
 /// Parses `500ms`, `5s`, `10m`, `1h`, `7d` (a bare number is seconds).

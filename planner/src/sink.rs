@@ -54,6 +54,70 @@ pub enum SinkError {
     Unavailable(String),
 }
 
+impl SinkError {
+    /// Whether retrying later may succeed: an [`SinkError::Io`] failure
+    /// that says the server, catalog or object store was unreachable or
+    /// briefly failing (refused or reset connections, timeouts, HTTP 5xx,
+    /// a full disk). A rejected batch, a mismatched table, an
+    /// authentication or permission failure, and any other I/O failure
+    /// are not: retrying them would only delay the error.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SinkError::Io(message) => message_is_transient(message),
+            _ => false,
+        }
+    }
+}
+
+/// The words of a failure that may pass (see [`SinkError::is_transient`]).
+pub fn message_is_transient(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    const PERMANENT: &[&str] = &[
+        "authentication failed",
+        "invalid credentials",
+        "unauthorized",
+        "forbidden",
+        "access denied",
+        "permission denied",
+    ];
+    const TRANSIENT: &[&str] = &[
+        "connection refused",
+        "network error",
+        "client error (connect)",
+        "(temporary)",
+        "connection reset",
+        "connection closed",
+        "connection aborted",
+        "broken pipe",
+        "timed out",
+        "timeout",
+        "error sending request",
+        "error trying to connect",
+        "tcp connect error",
+        "dns error",
+        "unexpected eof",
+        "end of file",
+        "os error 111",
+        "os error 104",
+        "os error 32",
+        "no space left on device",
+        "os error 28",
+        "service unavailable",
+        "bad gateway",
+        "internal server error",
+        "too many requests",
+        "http status: 5",
+        "status code 5",
+        " 500 ",
+        " 502 ",
+        " 503 ",
+        " 504 ",
+        "slowdown",
+        "try again",
+    ];
+    !PERMANENT.iter().any(|w| m.contains(w)) && TRANSIENT.iter().any(|w| m.contains(w))
+}
+
 /// A sink, as one `CREATE SINK` statement configures it. One instance serves
 /// every route that writes into it; each call names the target table.
 #[async_trait]
@@ -108,5 +172,30 @@ pub trait Sink: Send + Sync + fmt::Debug {
             "table {}: this sink kind cannot be queried",
             table.display_name()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_servers_are_transient_rejections_and_auth_are_not() {
+        for m in [
+            "clickhouse: inserting into db.t: network error: client error (Connect)",
+            "iceberg: committing: Unexpected (temporary) at write, context: { status: 503 }",
+            "error sending request for url (http://127.0.0.1:8181/v1/config)",
+            "writing data file: No space left on device (os error 28)",
+        ] {
+            assert!(SinkError::Io(m.into()).is_transient(), "{m}");
+        }
+        for m in [
+            "clickhouse: Code: 516. DB::Exception: Authentication failed (AUTHENTICATION_FAILED)",
+            "the catalog answered 403 Forbidden",
+            "internal: column count mismatch",
+        ] {
+            assert!(!SinkError::Io(m.into()).is_transient(), "{m}");
+        }
+        assert!(!SinkError::Rejected("connection refused".into()).is_transient());
     }
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod pg_cdc;
 pub mod workload;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -235,12 +236,17 @@ pub struct Seaweed {
 impl Seaweed {
     /// Starts a server with its data under `dir` and a table bucket.
     pub fn start(python: &std::path::Path, dir: &std::path::Path) -> Seaweed {
+        Self::start_on(python, dir, &[])
+    }
+
+    fn start_on(python: &std::path::Path, dir: &std::path::Path, ports: &[String]) -> Seaweed {
         let script = harness_script("seaweed.py");
         let out = std::process::Command::new(python)
             .arg(script)
             .args(["start", "--dir"])
             .arg(dir)
             .args(["--bucket", "urutau"])
+            .args(ports)
             .output()
             .expect("python runs");
         assert!(
@@ -258,6 +264,39 @@ impl Seaweed {
 
     fn get(&self, key: &str) -> String {
         self.info[key].as_str().unwrap_or_default().to_string()
+    }
+
+    /// Stops the server (S3 and the catalog refuse connections from now
+    /// on); [`Self::start_again`] brings it back with its data.
+    pub fn stop(&self) {
+        let out = std::process::Command::new(&self.python)
+            .arg(harness_script("seaweed.py"))
+            .args(["stop", "--pid", &self.info["pid"].to_string()])
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts the server again on its data directory and ports.
+    pub fn start_again(&mut self) {
+        let dir = std::path::PathBuf::from(self.get("dir"));
+        let ports: Vec<String> = ["master", "volume", "filer", "s3", "iceberg", "admin"]
+            .iter()
+            .flat_map(|n| {
+                [
+                    format!("--{n}-port"),
+                    self.info["ports"][n].as_u64().expect("a port").to_string(),
+                ]
+            })
+            .collect();
+        let again = Self::start_on(&self.python, &dir, &ports);
+        self.info = again.info.clone();
+        // (`again` must not stop the server when dropped.)
+        std::mem::forget(again);
     }
 
     pub fn iceberg_uri(&self) -> String {
@@ -305,6 +344,24 @@ impl Seaweed {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The table's rows as DuckDB reads them from S3; `None` while the
+    /// table is not there yet.
+    pub fn try_rows(&self, table: &str, order_by: &str) -> Option<Vec<serde_json::Value>> {
+        let out = std::process::Command::new(&self.python)
+            .arg(harness_script("iceberg_read.py"))
+            .args(self.reader_args(table))
+            .args(["--order-by", order_by])
+            .output()
+            .expect("python runs");
+        out.status.success().then(|| {
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        })
     }
 
     /// The table's rows as DuckDB reads them from S3.
@@ -427,6 +484,8 @@ pub struct ClickHouse {
     pub password: String,
     python: std::path::PathBuf,
     pid: Option<u64>,
+    /// The front's chdb data directory (the harness's, not a real server).
+    dir: Option<std::path::PathBuf>,
     http: reqwest::Client,
 }
 
@@ -440,17 +499,38 @@ impl ClickHouse {
                 password: std::env::var("URUTAU_TEST_CLICKHOUSE_PASSWORD").unwrap_or_default(),
                 python: python.to_path_buf(),
                 pid: None,
+                dir: None,
                 http,
             };
         }
-        let script = harness_script("clickhouse_front.py");
         let (user, password) = ("urutau".to_string(), "ch-test-secret".to_string());
+        let info = Self::start_front(python, dir, &user, &password, None);
+        ClickHouse {
+            url: info["url"].as_str().unwrap().to_string(),
+            user,
+            password,
+            python: python.to_path_buf(),
+            pid: info["pid"].as_u64(),
+            dir: Some(dir.to_path_buf()),
+            http,
+        }
+    }
+
+    /// Starts the harness's front on `dir` (and `port`, when given).
+    fn start_front(
+        python: &std::path::Path,
+        dir: &std::path::Path,
+        user: &str,
+        password: &str,
+        port: Option<u16>,
+    ) -> serde_json::Value {
         let out = std::process::Command::new(python)
-            .arg(script)
+            .arg(harness_script("clickhouse_front.py"))
             .args(["start", "--path"])
             .arg(dir)
-            .args(["--user", &user, "--password", &password, "--watch-pid"])
+            .args(["--user", user, "--password", password, "--watch-pid"])
             .arg(std::process::id().to_string())
+            .args(["--port", &port.unwrap_or(0).to_string()])
             .env("TZ", "UTC")
             .output()
             .expect("python runs");
@@ -459,16 +539,37 @@ impl ClickHouse {
             "the ClickHouse test front did not start: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let info: serde_json::Value =
-            serde_json::from_slice(&out.stdout).expect("the harness prints JSON");
-        ClickHouse {
-            url: info["url"].as_str().unwrap().to_string(),
-            user,
-            password,
-            python: python.to_path_buf(),
-            pid: info["pid"].as_u64(),
-            http,
-        }
+        serde_json::from_slice(&out.stdout).expect("the harness prints JSON")
+    }
+
+    /// Stops the front (its connections are refused from now on), as a
+    /// ClickHouse restart does; [`Self::start_again`] brings it back with
+    /// its data. Only for the harness's front.
+    pub fn stop(&mut self) {
+        let pid = self.pid.take().expect("the harness's front is running");
+        let out = std::process::Command::new(&self.python)
+            .arg(harness_script("clickhouse_front.py"))
+            .args(["stop", "--pid", &pid.to_string()])
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts the front again on its data directory and port.
+    pub fn start_again(&mut self) {
+        let dir = self.dir.clone().expect("the harness's front");
+        let port: u16 = self
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .expect("the front's URL has a port");
+        let info = Self::start_front(&self.python, &dir, &self.user, &self.password, Some(port));
+        self.pid = info["pid"].as_u64();
     }
 
     /// Drops what an earlier run left of a test's database on a real

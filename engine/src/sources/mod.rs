@@ -22,18 +22,32 @@ use urutau_planner::registry::{Registry, SourceProvider};
 use crate::batching::BatchPolicy;
 use crate::position::{Position, PositionKind};
 
-/// A failure of a source: terminal for the run.
+/// A failure of a source. It ends the run; a `transient` one (the
+/// connection was lost, the server is restarting) is retried by
+/// [`crate::supervisor`] from the committed positions, within the source's
+/// `retry_timeout`.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct SourceError {
     pub message: String,
+    /// Retrying later may succeed (no configuration or data problem).
+    pub transient: bool,
 }
 
 impl SourceError {
-    /// A source error with this message.
+    /// A source error that retrying cannot cure.
     pub fn new(message: impl Into<String>) -> Self {
         SourceError {
             message: message.into(),
+            transient: false,
+        }
+    }
+
+    /// A source error that may pass: the server or the network is away.
+    pub fn transient(message: impl Into<String>) -> Self {
+        SourceError {
+            message: message.into(),
+            transient: true,
         }
     }
 }

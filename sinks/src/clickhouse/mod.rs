@@ -56,6 +56,7 @@ use ddl::{ident, literal};
 fn options() -> Vec<OptionDef> {
     use OptionType as T;
     vec![
+        OptionDef::retry_timeout(),
         OptionDef::new("uri", T::String, "http://host:8123 (or https://)").required(),
         OptionDef::new("database", T::String, "database of one-part target names")
             .aliases(&["namespace"])

@@ -45,6 +45,7 @@ pub use commit::FaultPoint;
 fn options() -> Vec<OptionDef> {
     use OptionType as T;
     vec![
+        OptionDef::retry_timeout(),
         OptionDef::new("uri", T::String, "couchbase://host[:port],...").required(),
         OptionDef::new("bucket", T::String, "the bucket (created when absent, 0 replicas)")
             .aliases(&["namespace"])

@@ -95,6 +95,7 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 fn options() -> Vec<OptionDef> {
     use OptionType as T;
     vec![
+        OptionDef::retry_timeout(),
         OptionDef::new(
             "catalog",
             T::Enum(&["sql", "rest"]),

@@ -9,6 +9,7 @@ use urutau_planner::diagnostic::Span;
 use urutau_planner::registry::{SchemaError, SourceTableSchema};
 use urutau_planner::spec::{ColumnSpec, Ident};
 
+use super::errors;
 use super::pgtypes::{PgType, PgTypeKind, canonical_type};
 use crate::sources::SourceError;
 
@@ -55,16 +56,17 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// Connects a SQL session (the URI's credentials never reach messages).
-pub async fn connect(uri: &str) -> Result<PgConnection, String> {
-    let options: PgConnectOptions = uri
-        .parse()
-        .map_err(|e: sqlx::Error| format!("the source uri: {}", redact(&e.to_string())))?;
+/// Connects a SQL session (the URI's credentials never reach messages; a
+/// server that is away is a transient error).
+pub async fn connect(uri: &str) -> Result<PgConnection, SourceError> {
+    let options: PgConnectOptions = uri.parse().map_err(|e: sqlx::Error| {
+        SourceError::new(format!("the source uri: {}", redact(&e.to_string())))
+    })?;
     options
         .log_statements(tracing::log::LevelFilter::Debug)
         .connect()
         .await
-        .map_err(|e| format!("connecting to Postgres: {}", redact(&e.to_string())))
+        .map_err(|e| errors::sql("connecting to Postgres", &e))
 }
 
 /// Sets the session's text output to what the value parsers expect (the
@@ -80,7 +82,7 @@ pub async fn set_text_output(conn: &mut PgConnection, session: &str) -> Result<(
         ),
     )
     .await
-    .map_err(|e| SourceError::new(format!("setting up {session}: {e}")))?;
+    .map_err(|e| errors::sql(&format!("setting up {session}"), &e))?;
     Ok(())
 }
 
@@ -197,7 +199,7 @@ pub async fn prepare(
     publication: &str,
     keep_replica_identity: bool,
 ) -> Result<Prepared, SourceError> {
-    let fail = |doing: &str, e: sqlx::Error| SourceError::new(format!("{doing}: {e}"));
+    let fail = |doing: &str, e: sqlx::Error| errors::sql(doing, &e);
     let wal_level: String = sqlx::query_scalar("SHOW wal_level")
         .fetch_one(&mut *conn)
         .await
@@ -285,19 +287,24 @@ pub async fn prepare(
             );
         }
     }
-    let found: Option<(Option<String>, String)> = sqlx::query_as(
-        "SELECT confirmed_flush_lsn::text, plugin::text FROM pg_replication_slots WHERE slot_name = $1",
+    // (`wal_status` through jsonb: the column is new in PostgreSQL 13.)
+    let found: Option<(Option<String>, String, Option<String>)> = sqlx::query_as(
+        "SELECT confirmed_flush_lsn::text, plugin::text, to_jsonb(s) ->> 'wal_status'
+         FROM pg_replication_slots s WHERE slot_name = $1",
     )
     .bind(slot)
     .fetch_optional(&mut *conn)
     .await
     .map_err(|e| fail("reading replication slots", e))?;
     match found {
-        Some((lsn, plugin)) => {
+        Some((lsn, plugin, wal_status)) => {
             if plugin != "pgoutput" {
                 return Err(SourceError::new(format!(
                     "replication slot {slot} uses the {plugin} plugin; this source needs pgoutput"
                 )));
+            }
+            if wal_status.as_deref() == Some("lost") {
+                return Err(SourceError::new(invalidated_slot(slot)));
             }
             Ok(Prepared {
                 slot_lsn: lsn.as_deref().map(parse_lsn).transpose()?.unwrap_or(0),
@@ -321,6 +328,16 @@ pub async fn prepare(
     }
 }
 
+/// Why a run cannot go on from a slot the server invalidated, and how to
+/// start over.
+pub fn invalidated_slot(slot: &str) -> String {
+    format!(
+        "replication slot {slot} was invalidated by the server (wal_status = lost: it fell further behind than max_slot_wal_keep_size allows, and the WAL it needed was removed): the changes after the sinks' positions are gone and cannot be streamed. \
+         To start over, drop the slot (SELECT pg_drop_replication_slot('{slot}')) and the target tables, then run again: the tables are snapshotted afresh. \
+         To keep it from happening again, raise max_slot_wal_keep_size or keep the pipeline running"
+    )
+}
+
 /// `X/Y` as a number.
 pub fn parse_lsn(text: &str) -> Result<u64, SourceError> {
     let (hi, lo) = text
@@ -341,7 +358,7 @@ pub async fn caught_up_mark(conn: &mut PgConnection, prefix: &str) -> Result<u64
             .bind(prefix)
             .fetch_one(&mut *conn)
             .await
-            .map_err(|e| SourceError::new(format!("writing the caught-up mark: {e}")))?;
+            .map_err(|e| errors::sql("writing the caught-up mark", &e))?;
     parse_lsn(&lsn)
 }
 

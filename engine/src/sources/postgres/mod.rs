@@ -29,6 +29,7 @@
 //! with the rows.
 
 mod catalog;
+mod errors;
 pub mod pgoutput;
 pub mod pgtypes;
 mod snapshot;
@@ -105,6 +106,7 @@ impl PostgresSourceProvider {
                         "what a TRUNCATE of a routed table does",
                     )
                     .default("ignore"),
+                    OptionDef::retry_timeout(),
                 ],
                 declares_tables: false,
                 table_options: vec![],
@@ -137,7 +139,7 @@ impl SourceProvider for PostgresSourceProvider {
         let uri = source.options.get("uri").unwrap_or_default();
         let mut conn = catalog::connect(uri)
             .await
-            .map_err(SchemaError::Unavailable)?;
+            .map_err(|e| SchemaError::Unavailable(e.message))?;
         let schema = catalog::table_schema(&mut conn, &t).await;
         catalog::close(conn).await;
         schema

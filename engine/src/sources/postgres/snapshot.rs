@@ -32,6 +32,7 @@ use sqlx::{Executor, Row, ValueRef};
 use urutau_planner::progress::SnapshotProgress;
 
 use super::catalog::{self, PgTable, quote_ident};
+use super::errors;
 use crate::sources::SourceError;
 
 /// The prefix of the watermark messages.
@@ -133,7 +134,7 @@ impl Snapshotter {
         chunk_rows: usize,
         metrics: crate::metrics::Metrics,
     ) -> Result<Snapshotter, SourceError> {
-        let mut conn = catalog::connect(uri).await.map_err(SourceError::new)?;
+        let mut conn = catalog::connect(uri).await?;
         // Text output exactly as the replication session's.
         catalog::set_text_output(&mut conn, "the snapshot session").await?;
         let mut tables = Vec::new();
@@ -149,7 +150,7 @@ impl Snapshotter {
             .bind(t.pg.quoted())
             .fetch_all(&mut conn)
             .await
-            .map_err(|e| SourceError::new(format!("reading the primary key of {}: {e}", t.pg)))?;
+            .map_err(|e| errors::sql(&format!("reading the primary key of {}", t.pg), &e))?;
             if key_rows.is_empty() {
                 return Err(SourceError::new(format!(
                     "{} has no primary key: the initial snapshot reads a table in key order; add a primary key, or set snapshot = 'none'",
@@ -187,7 +188,7 @@ impl Snapshotter {
             .bind(t.pg.quoted())
             .fetch_one(&mut conn)
             .await
-            .map_err(|e| SourceError::new(format!("estimating the size of {}: {e}", t.pg)))?;
+            .map_err(|e| errors::sql(&format!("estimating the size of {}", t.pg), &e))?;
             tables.push(TableSnapshot {
                 table: t.table,
                 pg: t.pg.clone(),
@@ -248,7 +249,7 @@ impl Snapshotter {
         // same output functions pgoutput uses.
         let result = Executor::fetch_all(&mut *conn, sqlx::raw_sql(&sql))
             .await
-            .map_err(|e| SourceError::new(format!("reading a snapshot chunk of {pg}: {e}")))?;
+            .map_err(|e| errors::sql(&format!("reading a snapshot chunk of {pg}"), &e))?;
         if let Some(pause) = pause {
             // Tests widen the window so live changes land inside it.
             tokio::time::sleep(pause).await;
@@ -266,7 +267,7 @@ impl Snapshotter {
         let conn = self.session(&pg)?;
         let result = Executor::fetch_all(&mut *conn, sqlx::raw_sql(&sql))
             .await
-            .map_err(|e| SourceError::new(format!("reading the first rows of {pg}: {e}")))?;
+            .map_err(|e| errors::sql(&format!("reading the first rows of {pg}"), &e))?;
         self.chunk(i, &result, String::new(), String::new(), limit)
     }
 
@@ -412,7 +413,7 @@ async fn emit(conn: &mut PgConnection, content: &str) -> Result<(), SourceError>
         .bind(content)
         .execute(&mut *conn)
         .await
-        .map_err(|e| SourceError::new(format!("writing a snapshot watermark: {e}")))?;
+        .map_err(|e| errors::sql("writing a snapshot watermark", &e))?;
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use urutau_planner::plan::BeforeImages;
 use urutau_planner::registry::SourceTableSchema;
 
 use super::catalog::{self, PgTable};
+use super::errors;
 use super::pgoutput::{self, Cell, Message, Relation, Tuple};
 use super::pgtypes::ColumnBuilder;
 use super::snapshot::{self, Chunk, ResumeProgress, SnapshotTarget, Snapshotter, Window};
@@ -724,7 +725,7 @@ async fn stream(
     cfg: StreamCfg,
     tx: &mpsc::Sender<Result<SourceBatch, SourceError>>,
 ) -> Result<ReplicationClient, SourceError> {
-    let mut conn = catalog::connect(&cfg.uri).await.map_err(SourceError::new)?;
+    let mut conn = catalog::connect(&cfg.uri).await?;
     let pg_tables: Vec<PgTable> = cfg.tables.iter().map(|t| t.pg.clone()).collect();
     let prepared = catalog::prepare(
         &mut conn,
@@ -780,13 +781,10 @@ async fn stream(
         .with_start_lsn(Lsn(start))
         .with_status_interval(Duration::from_secs(1));
     let mut client = ReplicationClient::connect(rcfg).await.map_err(|e| {
-        SourceError::new(format!(
-            "starting replication from slot {}: {}",
-            cfg.slot,
-            urutau_planner::options::redact_text(&e.to_string())
-        ))
+        errors::replication(&format!("starting replication from slot {}", cfg.slot), &e)
     })?;
     tracing::info!(slot = %cfg.slot, start = %Position::Lsn(start), "streaming");
+    cfg.metrics.source_up(&cfg.source_name);
 
     let mut a = Assembler::new(&cfg, cfg.tables.clone(), start)?;
     a.snapshot_progress = snapshotter
@@ -833,13 +831,20 @@ async fn stream(
         match event {
             None => {}
             Some(Err(e)) => {
-                return Err(SourceError::new(format!(
-                    "replication from slot {}: {}",
-                    cfg.slot,
-                    urutau_planner::options::redact_text(&e.to_string())
+                return Err(errors::replication(
+                    &format!("replication from slot {}", cfg.slot),
+                    &e,
+                ));
+            }
+            // Not asked to stop (checked above): the server ended the
+            // stream, as a shutting-down server does once the client has
+            // confirmed everything sent.
+            Some(Ok(None)) => {
+                return Err(SourceError::transient(format!(
+                    "replication from slot {}: the server ended the stream (shutting down or restarting?)",
+                    cfg.slot
                 )));
             }
-            Some(Ok(None)) => break,
             Some(Ok(Some(ev))) => match ev {
                 ReplicationEvent::Begin {
                     commit_time_micros, ..
@@ -882,6 +887,13 @@ async fn stream(
                         caught_up = true;
                     }
                 }
+                // No stop LSN is ever set: as the end of the stream.
+                ReplicationEvent::StoppedAt { .. } => {
+                    return Err(SourceError::transient(format!(
+                        "replication from slot {}: the server ended the stream",
+                        cfg.slot
+                    )));
+                }
                 ReplicationEvent::KeepAlive { wal_end, .. } => {
                     a.received = a.received.max(wal_end.0);
                     if mark.is_some_and(|m| wal_end.0 >= m) && !a.in_tx {
@@ -897,7 +909,6 @@ async fn stream(
                         acked_sent = wal_end.0;
                     }
                 }
-                ReplicationEvent::StoppedAt { .. } => break,
             },
         }
         if a.in_tx {

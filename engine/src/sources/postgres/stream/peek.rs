@@ -82,7 +82,7 @@ struct SlotState {
 
 /// Everything the preview shows, as one batch (`None`: nothing to show).
 async fn read(cfg: StreamCfg, limit: u64) -> Result<Option<SourceBatch>, SourceError> {
-    let mut conn = catalog::connect(&cfg.uri).await.map_err(SourceError::new)?;
+    let mut conn = catalog::connect(&cfg.uri).await?;
     let result = read_on(&mut conn, &cfg, limit).await;
     catalog::close(conn).await;
     result

@@ -1,0 +1,607 @@
+//! The fault-injection suite (issue 16): real faults made by real means —
+//! the PostgreSQL server restarted (fast and immediate) under a streaming
+//! and a snapshotting run, and kept away for longer than the retry budget.
+//! Every case ends with the sink read back by DuckDB equal to Postgres, and
+//! the slot never acknowledged past what the sinks hold.
+
+mod common;
+
+use common::pg_cdc::*;
+use common::run_to_end;
+
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sqlx::Executor;
+use sqlx::postgres::PgPool;
+
+/// `urutau run FILE --metrics-addr ADDR`, its log in `log`.
+fn spawn_run(pipeline: &std::path::Path, addr: &str, log: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", pipeline.to_str().unwrap(), "--metrics-addr", addr])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// GET `path` on the run's status server: (HTTP status, body).
+async fn get(addr: &str, path: &str) -> (u16, String) {
+    match reqwest::get(format!("http://{addr}{path}")).await {
+        Ok(reply) => {
+            let status = reply.status().as_u16();
+            (status, reply.text().await.unwrap_or_default())
+        }
+        // The run is gone (a failing test says so by the status).
+        Err(e) => (0, format!("the status server does not answer: {e}")),
+    }
+}
+
+/// Runs the seeded workload to its end (phase `n`: its own seed and event
+/// ids), then one transaction that changes both tables, so each table has
+/// a commit after everything before it.
+async fn write(db: &PgPool, n: u64, transactions: usize) {
+    let stop = AtomicBool::new(false);
+    workload(db, 100 + n, transactions, &stop, 400, n as i64 * 1_000_000).await;
+    sqlx::query(
+        "WITH e AS (INSERT INTO events VALUES ($1, 1, 'phase end') RETURNING 1)
+         UPDATE items SET qty = coalesce(qty, 0) + 1 WHERE id = (SELECT min(id) FROM items)",
+    )
+    .bind(n as i64 * 1_000_000 + 999_999)
+    .execute(db)
+    .await
+    .unwrap();
+}
+
+/// Waits until the slot is streamed from (the run is up).
+async fn wait_streaming(db: &PgPool) -> bool {
+    eventually(60, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT count(*) = 1 FROM pg_replication_slots WHERE slot_name = 'urutau_test' AND active",
+        )
+        .fetch_one(db)
+        .await
+        .unwrap_or(false)
+    })
+    .await
+}
+
+/// What the sinks hold and what the run logged, for a failed wait.
+async fn diagnose(db: &PgPool, dir: &std::path::Path, log: &std::path::Path) -> String {
+    let mut out = String::new();
+    for t in ["items", "events"] {
+        out += &format!(
+            "{t}: committed {:X?}, last routed commit {:X?}\n",
+            committed(dir, t).await,
+            last_routed_commit(db, t).await
+        );
+    }
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    out + &lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Prints the first retries a run logged (what the failing server said).
+fn show_retries(log: &str) {
+    for line in log.lines().filter(|l| l.contains("retrying")).take(3) {
+        eprintln!("{line}");
+    }
+}
+
+/// Asks the run to stop (SIGTERM) and waits for its exit status.
+fn stop_run(child: &mut Child) -> std::process::ExitStatus {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the run did not stop within 60 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Both tables read back by DuckDB equal Postgres; the slot is
+/// acknowledged past no change the sinks do not hold.
+async fn assert_equal(python: &std::path::Path, dir: &std::path::Path, db: &PgPool) {
+    assert_items_equal(python, dir, db, &[]).await;
+    let loc = common::catalog_metadata_location(&dir.join("catalog.db"), "pg", "events")
+        .await
+        .unwrap();
+    assert_eq!(
+        common::duckdb_rows(python, &loc, "id"),
+        source_events(db).await
+    );
+    assert_slot_not_ahead(db, dir).await;
+}
+
+/// One run rides out `pg_ctl restart -m fast` (which completes within its
+/// 10 s bound while urutau streams) and then a crash (`-m immediate`):
+/// it stays up, `/healthz` answers 503 while the server is away and `ok`
+/// again after, the retries are counted in `/metrics`, and the same
+/// process applies the changes made after each restart. The end state
+/// equals Postgres.
+#[tokio::test]
+async fn a_streaming_run_rides_out_fast_and_immediate_restarts_of_postgres() {
+    let (python, dir, pg, db) = start().await;
+    let p = pipeline(dir.path(), &pg);
+    let addr = free_addr();
+    let log = dir.path().join("run.log");
+    let mut child = spawn_run(&p, &addr, &log);
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+
+    // Changes streamed while the run is busy, then a fast restart.
+    write(&db, 1, 150).await;
+    let began = Instant::now();
+    pg.stop("fast", 10);
+    eprintln!("pg_ctl stop -m fast took {:?}", began.elapsed());
+    pg.start_again();
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+
+    write(&db, 2, 150).await;
+    assert!(
+        wait_caught_up(&db, dir.path(), 120).await,
+        "the run applied the changes made after the fast restart: {}",
+        diagnose(&db, dir.path(), &log).await
+    );
+
+    // A crash: the server is gone at once, and stays away a while.
+    pg.stop("immediate", 10);
+    let unhealthy = eventually(30, || async { get(&addr, "/healthz").await.0 == 503 }).await;
+    let (_, why) = get(&addr, "/healthz").await;
+    assert!(unhealthy, "/healthz turns unhealthy while Postgres is away");
+    assert!(why.contains("retrying source src"), "{why}");
+    let status: Value = serde_json::from_str(&get(&addr, "/statusz").await.1).unwrap();
+    assert_eq!(status["health"]["state"], "retrying", "{status}");
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    pg.start_again();
+
+    write(&db, 3, 150).await;
+    assert!(
+        wait_caught_up(&db, dir.path(), 120).await,
+        "the run applied the changes made after the crash"
+    );
+    let healthy = eventually(30, || async { get(&addr, "/healthz").await.0 == 200 }).await;
+    assert!(healthy, "/healthz is ok again once the run is back");
+    let (_, metrics) = get(&addr, "/metrics").await;
+    let retries: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("urutau_retries_total{component=\"source src\"} "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(retries >= 2, "one retry per restart at least:\n{metrics}");
+    assert!(
+        stop_run(&mut child).success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    for line in text.lines().filter(|l| l.contains("WARN")) {
+        eprintln!("{line}");
+    }
+    assert!(
+        text.contains("retrying from the committed positions"),
+        "{text}"
+    );
+    assert!(!text.contains(&pg.uri()), "the source URI is never logged");
+
+    assert_equal(&python, dir.path(), &db).await;
+    assert_final_acknowledgement(&db, dir.path()).await;
+}
+
+/// An outage longer than `retry_timeout` ends the run with exit 1 and a
+/// message that names the source, the failing operation and the budget;
+/// once the server is back, a run ends equal to Postgres.
+#[tokio::test]
+async fn an_outage_longer_than_retry_timeout_exits_1_with_the_cause() {
+    let (python, dir, pg, db) = start().await;
+    let p = pipeline(dir.path(), &pg);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "snapshot = 'none'",
+        "snapshot = 'none', retry_timeout = '4s'",
+    );
+    std::fs::write(&p, text).unwrap();
+    let log = dir.path().join("run.log");
+    let mut child = spawn_run(&p, &free_addr(), &log);
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+    write(&db, 1, 100).await;
+    assert!(wait_caught_up(&db, dir.path(), 120).await);
+
+    pg.stop("immediate", 10);
+    let stopped_at = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(90),
+            "the run did not give up: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "{text}");
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("error"))
+        .unwrap_or_default();
+    eprintln!("the run ended with: {last}");
+    assert!(last.contains("source src"), "{text}");
+    assert!(
+        last.contains("Postgres") || last.contains("replication"),
+        "{last}"
+    );
+    assert!(last.contains("retry_timeout = 4s"), "{last}");
+
+    pg.start_again();
+    write(&db, 2, 100).await;
+    run_to_end(&p);
+    assert_equal(&python, dir.path(), &db).await;
+    assert_final_acknowledgement(&db, dir.path()).await;
+}
+
+/// A crash of Postgres in the middle of the initial snapshot: the run
+/// retries, the snapshot goes on from the committed chunk progress, and the
+/// end state (rows copied while a writer changed the table) equals Postgres.
+#[tokio::test]
+async fn a_crash_of_postgres_mid_snapshot_resumes_the_snapshot_and_ends_equal() {
+    let (python, dir, pg, db) = start().await;
+    const ROWS: i64 = 60_000;
+    prefill(&db, ROWS).await;
+    let p = dir.path().join("snap.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000);
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
+CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT * FROM src.public.items;
+CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
+",
+            uri = pg.uri(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let addr = free_addr();
+    let log = dir.path().join("run.log");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", p.to_str().unwrap(), "--metrics-addr", &addr])
+        .env("URUTAU_TEST_SNAPSHOT_WINDOW_MS", "40")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // Some chunks committed, the snapshot not complete: crash the server.
+    let mid = eventually(120, || async {
+        property(dir.path(), "items", "cdc.snapshot.state")
+            .await
+            .as_deref()
+            == Some("in_progress")
+    })
+    .await;
+    assert!(mid, "the snapshot committed a chunk");
+    pg.stop("immediate", 10);
+    assert_eq!(
+        property(dir.path(), "items", "cdc.snapshot.state")
+            .await
+            .as_deref(),
+        Some("in_progress"),
+        "the crash landed mid-snapshot"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    pg.start_again();
+    // Changes everywhere in the table, also in the chunks not read yet.
+    workload(&db, 5, 300, &stop, ROWS, 10_001).await;
+    write(&db, 2, 100).await;
+
+    let complete = eventually(300, || async {
+        property(dir.path(), "items", "cdc.snapshot.state")
+            .await
+            .as_deref()
+            == Some("complete")
+    })
+    .await;
+    assert!(
+        complete,
+        "the snapshot completed after the crash: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(wait_caught_up(&db, dir.path(), 120).await);
+    assert!(stop_run(&mut child).success());
+    let read = assert_items_equal(&python, dir.path(), &db, &[]).await;
+    assert!(read.len() as i64 > ROWS / 2, "{} rows", read.len());
+    assert_equal(&python, dir.path(), &db).await;
+}
+
+/// `id, name, qty` of every item, as ClickHouse holds them (`FINAL`).
+async fn read_items(ch: &common::ClickHouse) -> Result<Vec<Value>, String> {
+    let text = ch
+        .try_query(
+            "SELECT id, name, qty FROM urutau_t_faults.items FINAL ORDER BY id \
+             SETTINGS output_format_json_quote_64bit_integers = 0 FORMAT JSONEachRow",
+        )
+        .await?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .collect())
+}
+
+/// `id, name, qty` of every item, as Postgres holds them.
+async fn source_kv(db: &PgPool) -> Vec<Value> {
+    let rows: Vec<(i64, Option<String>, Option<i32>)> =
+        sqlx::query_as("SELECT id, name, qty FROM items ORDER BY id")
+            .fetch_all(db)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(id, name, qty)| serde_json::json!({"id": id, "name": name, "qty": qty}))
+        .collect()
+}
+
+/// The ClickHouse server (the harness's front over the real engine) is
+/// stopped while a Postgres run commits into it, and started again: the
+/// commits that fail meanwhile are retried from the committed positions,
+/// `/metrics` counts the route's retries, and ClickHouse (read by the
+/// engine, `FINAL`) ends equal to Postgres.
+#[tokio::test]
+async fn clickhouse_stopped_and_started_again_mid_run_is_retried_and_ends_equal() {
+    let (python, dir, pg, db) = start().await;
+    let mut ch = common::ClickHouse::start(&python, &dir.path().join("ch"));
+    ch.fresh_database("urutau_t_faults").await;
+    let p = dir.path().join("ch.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE pg WITH (max_batch_rows = 200, max_batch_interval = '200ms');
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot = 'none');
+CREATE SINK ch INTO clickhouse WITH ({options});
+CREATE TABLE ch.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM src.public.items;
+",
+            uri = pg.uri(),
+            options = ch.sink_options("urutau_t_faults")
+        ),
+    )
+    .unwrap();
+    let addr = free_addr();
+    let log = dir.path().join("run.log");
+    let mut child = spawn_run(&p, &addr, &log);
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+    write(&db, 1, 150).await;
+    let want = source_kv(&db).await;
+    let equal = eventually(120, || async {
+        read_items(&ch).await.ok().as_ref() == Some(&want)
+    })
+    .await;
+    assert!(
+        equal,
+        "ClickHouse holds phase 1: {}",
+        diagnose(&db, dir.path(), &log).await
+    );
+
+    ch.stop();
+    write(&db, 2, 150).await;
+    let failing = eventually(60, || async { get(&addr, "/healthz").await.0 == 503 }).await;
+    let (_, why) = get(&addr, "/healthz").await;
+    assert!(
+        failing,
+        "the commits fail while ClickHouse is away: {why}\n{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(why.contains("retrying route ch.items"), "{why}");
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ch.start_again();
+
+    write(&db, 3, 150).await;
+    let want = source_kv(&db).await;
+    let equal = eventually(120, || async {
+        read_items(&ch).await.ok().as_ref() == Some(&want)
+    })
+    .await;
+    assert!(
+        equal,
+        "ClickHouse ends equal to Postgres: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let (_, metrics) = get(&addr, "/metrics").await;
+    assert!(
+        metrics.contains("urutau_retries_total{component=\"route ch.items\"}"),
+        "{metrics}"
+    );
+    assert!(
+        stop_run(&mut child).success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    show_retries(&text);
+    assert!(
+        !text.contains("ch-test-secret"),
+        "the sink's password is never logged"
+    );
+    assert_eq!(read_items(&ch).await.unwrap(), source_kv(&db).await);
+}
+
+/// A slot the server invalidated (`max_slot_wal_keep_size` exceeded while
+/// the pipeline was down) is a terminal error that says the changes are
+/// gone and how to start over, never a silent restart; following it (drop
+/// the slot and the tables, run again) ends equal to Postgres.
+#[tokio::test]
+async fn an_invalidated_slot_stops_the_run_and_says_how_to_start_over() {
+    let (python, dir, pg, db) = start().await;
+    prefill(&db, 2_000).await;
+    let p = pipeline(dir.path(), &pg);
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("snapshot = 'none'", "snapshot = 'initial'");
+    std::fs::write(&p, text).unwrap();
+    run_to_end(&p);
+    write(&db, 1, 50).await;
+
+    // The pipeline is down while the server writes far more WAL than the
+    // slot may hold back.
+    // (One statement each: ALTER SYSTEM and CHECKPOINT refuse the
+    // implicit transaction of a multi-statement query.)
+    for sql in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'",
+        "SELECT pg_reload_conf()",
+    ] {
+        db.execute(sql).await.unwrap();
+    }
+    db.execute("CREATE TABLE scratch (id bigint, pad text)")
+        .await
+        .unwrap();
+    let mut lost = false;
+    for _ in 0..10 {
+        for sql in [
+            "INSERT INTO scratch SELECT i, repeat('x', 500) FROM generate_series(1, 20000) i",
+            "SELECT pg_switch_wal()",
+            "CHECKPOINT",
+        ] {
+            db.execute(sql).await.unwrap();
+        }
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'urutau_test'",
+        )
+        .fetch_one(&db)
+        .await
+        .unwrap();
+        if status.as_deref() == Some("lost") {
+            lost = true;
+            break;
+        }
+    }
+    assert!(lost, "the server invalidated the slot");
+
+    let out = common::urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("replication slot urutau_test was invalidated"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the changes after the sinks' positions are gone"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("SELECT pg_drop_replication_slot('urutau_test')"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("retrying"), "not retried: {stderr}");
+
+    // Start over as the message says: drop the slot and the tables.
+    for sql in [
+        "SELECT pg_drop_replication_slot('urutau_test')",
+        "ALTER SYSTEM RESET max_slot_wal_keep_size",
+        "SELECT pg_reload_conf()",
+    ] {
+        db.execute(sql).await.unwrap();
+    }
+    std::fs::remove_file(dir.path().join("catalog.db")).unwrap();
+    std::fs::remove_dir_all(dir.path().join("wh")).unwrap();
+    run_to_end(&p);
+    assert_items_equal(&python, dir.path(), &db, &[]).await;
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "events")
+        .await
+        .unwrap();
+    assert_eq!(
+        common::duckdb_rows(&python, &loc, "id"),
+        source_events(&db).await
+    );
+}
+
+/// Waits (at most 2 minutes) until DuckDB reads `pg.items` from the REST
+/// catalog equal to `want`.
+async fn read_back_equal(server: &common::Seaweed, want: Vec<Value>) -> bool {
+    eventually(120, || async {
+        server.try_rows("pg.items", "id").as_ref() == Some(&want)
+    })
+    .await
+}
+
+/// SeaweedFS (the Iceberg REST catalog and its S3 object store) is stopped
+/// while a Postgres run commits into it, and started again: the failed
+/// commits are retried from the committed position, and DuckDB reads the
+/// table from S3 equal to Postgres.
+#[tokio::test]
+async fn the_rest_catalog_and_s3_stopped_and_started_again_mid_run_end_equal() {
+    let (python, dir, pg, db) = start().await;
+    let mut server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
+    let (id, secret) = server.credential();
+    let p = dir.path().join("rest.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE pg WITH (max_batch_rows = 200, max_batch_interval = '200ms');
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot = 'none');
+CREATE SINK lake INTO iceberg WITH (catalog = 'rest', uri = '{rest}', warehouse = '{wh}',
+  client_id = '{id}', client_secret = '{secret}', s3_endpoint = '{s3}', s3_region = 'us-east-1',
+  s3_path_style = true, s3_access_key_id = '{id}', s3_secret_access_key = '{secret}',
+  namespace = 'pg');
+CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM src.public.items;
+",
+            uri = pg.uri(),
+            rest = server.iceberg_uri(),
+            wh = server.warehouse(),
+            s3 = server.s3_endpoint()
+        ),
+    )
+    .unwrap();
+    let addr = free_addr();
+    let log = dir.path().join("run.log");
+    let mut child = spawn_run(&p, &addr, &log);
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+    write(&db, 1, 100).await;
+    assert!(
+        read_back_equal(&server, source_kv(&db).await).await,
+        "the catalog holds phase 1: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+
+    server.stop();
+    write(&db, 2, 100).await;
+    let failing = eventually(60, || async { get(&addr, "/healthz").await.0 == 503 }).await;
+    let (_, why) = get(&addr, "/healthz").await;
+    assert!(
+        failing,
+        "the commits fail while the catalog is away: {why}\n{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(why.contains("retrying route lake.items"), "{why}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    server.start_again();
+
+    write(&db, 3, 100).await;
+    let want = source_kv(&db).await;
+    assert!(
+        read_back_equal(&server, want).await,
+        "DuckDB reads the table equal to Postgres: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(
+        stop_run(&mut child).success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains(&secret), "the S3 secret is never logged");
+    show_retries(&text);
+}
