@@ -345,7 +345,9 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         &data,
         &cb,
         "lost",
-        ", timeout = '1s', retry_for = '3s'",
+        // (`retry_timeout = '0s'`: the run does not retry the outage, so
+        // it ends after the sink's own `retry_for`.)
+        ", timeout = '1s', retry_for = '3s', retry_timeout = '0s'",
         "",
     );
     // Tailing the file: it runs until it fails.

@@ -191,6 +191,10 @@ where
                 outage.get_or_insert_with(|| (Instant::now(), now_unix(), 0));
             *attempt += 1;
             let budget = budgets.budget(&failure);
+            if budget.is_zero() {
+                // `retry_timeout = '0s'`: retries are off for this part.
+                return Err(failure);
+            }
             let spent = since.elapsed();
             if spent >= budget {
                 return Err(gave_up(failure, spent, *attempt - 1, budget));

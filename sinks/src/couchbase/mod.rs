@@ -71,7 +71,7 @@ fn options() -> Vec<OptionDef> {
         OptionDef::new(
             "retry_for",
             T::Duration,
-            "how long a call that times out or loses its connection is retried before the run stops",
+            "how long one call that times out or loses its connection is retried before it fails (the run then retries within retry_timeout)",
         )
         .default("30s"),
         OptionDef::new(
