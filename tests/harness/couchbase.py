@@ -201,9 +201,13 @@ def open_collection(args):
     from couchbase.diagnostics import ServiceType
 
     timeout = timedelta(seconds=args.timeout)
+    # The KV timeout is the SDK's 2.5 s by default; gocaves on a loaded
+    # 2-core CI machine can miss it (CI saw a first get time out), and a
+    # reader that fails there fails a test for nothing the sink did.
     opts = ClusterOptions(PasswordAuthenticator(args.username, args.password),
                           timeout_options=ClusterTimeoutOptions(connect_timeout=timeout,
-                                                                bootstrap_timeout=timeout))
+                                                                bootstrap_timeout=timeout,
+                                                                kv_timeout=timeout))
     try:
         cluster = Cluster(args.connstr, opts)
     except Exception as e:
@@ -262,18 +266,29 @@ def decode(coll, key, result):
         return {"$binary_base64": base64.b64encode(raw).decode()}
 
 
+def get_one(coll, key, args, not_found, attempts=3):
+    """One document (None: there is none). A read is idempotent, so a
+    timeout is tried again, twice; any other error fails at once."""
+    from couchbase.exceptions import AmbiguousTimeoutException, UnAmbiguousTimeoutException
+    for attempt in range(1, attempts + 1):
+        try:
+            return decode(coll, key, coll.get(key))
+        except not_found:
+            return None
+        except (AmbiguousTimeoutException, UnAmbiguousTimeoutException) as e:
+            if attempt == attempts:
+                fail(f"get {key!r}: {explain(e, args)} (timed out {attempts} times)")
+        except Exception as e:
+            fail(f"get {key!r}: {explain(e, args)}")
+
+
 def cmd_get(args):
     from couchbase.exceptions import DocumentNotFoundException
     keys = read_stdin(list)
     coll = open_collection(args)
     out = {}
     for k in keys:
-        try:
-            out[k] = decode(coll, k, coll.get(k))
-        except DocumentNotFoundException:
-            out[k] = None
-        except Exception as e:
-            fail(f"get {k!r}: {explain(e, args)}")
+        out[k] = get_one(coll, k, args, DocumentNotFoundException)
     print(json.dumps(out, ensure_ascii=False), flush=True)
 
 
