@@ -6,7 +6,8 @@
 //! memory of this process.
 //!
 //! `cargo bench --bench postgres_source`; `POSTGRES_BENCH_UPDATES=200000`
-//! changes the size. Under `cargo test` it runs a small smoke test (and
+//! changes the size, `POSTGRES_BENCH_TX_ROWS` the transactions' (one
+//! transaction of them all measures a huge one). Under `cargo test` it runs a small smoke test (and
 //! fails in CI when no PostgreSQL server package is installed).
 
 mod support;
@@ -83,8 +84,14 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if full { 1_000_000 } else { 20_000 });
-    let tx_rows = 10_000.min(updates);
-    let rows = 100_000.min(updates);
+    // `POSTGRES_BENCH_TX_ROWS=5000000` (with as many updates) measures one
+    // huge transaction: the peak RSS beside the 10k-row default's.
+    let tx_rows: usize = std::env::var("POSTGRES_BENCH_TX_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+        .min(updates);
+    let rows = 100_000.max(tx_rows).min(updates);
     let dir = tempfile::tempdir().unwrap();
     let Some(server) = Server::start(&dir.path().join("pg")) else {
         return;

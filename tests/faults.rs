@@ -1,7 +1,11 @@
 //! The fault-injection suite (issue 16): real faults made by real means —
 //! the PostgreSQL server restarted (fast and immediate) under a streaming
-//! and a snapshotting run, and kept away for longer than the retry budget.
-//! Every case ends with the sink read back by DuckDB equal to Postgres, and
+//! and a snapshotting run, and kept away for longer than the retry budget;
+//! the network to it cut through a TCP proxy (tests/common/proxy.rs);
+//! ClickHouse and the Iceberg REST catalog with its S3 stopped mid-run; a
+//! slot the server invalidated.
+//! Every case ends with the sink read back by its independent reader
+//! (DuckDB, the ClickHouse engine) equal to Postgres, and
 //! the slot never acknowledged past what the sinks hold.
 
 mod common;
@@ -108,6 +112,62 @@ fn stop_run(child: &mut Child) -> std::process::ExitStatus {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Waits until the run's `/healthz` answers 503 naming `component`
+/// (`route ch.items`) as the part it retries, and checks the run is
+/// still up: a server it commits into is away.
+async fn assert_retrying(child: &mut Child, addr: &str, log: &std::path::Path, component: &str) {
+    let failing = eventually(60, || async { get(addr, "/healthz").await.0 == 503 }).await;
+    let (_, why) = get(addr, "/healthz").await;
+    assert!(
+        failing,
+        "the commits of {component} fail while its server is away: {why}\n{}",
+        std::fs::read_to_string(log).unwrap()
+    );
+    assert!(why.contains(&format!("retrying {component}")), "{why}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+}
+
+/// Waits (at most 90 s) for the run to give up: it exits 1, and its last
+/// logged error is returned (what the operator reads).
+async fn exit_error(child: &mut Child, log: &std::path::Path) -> String {
+    let began = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(90),
+            "the run did not give up: {}",
+            std::fs::read_to_string(log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let text = std::fs::read_to_string(log).unwrap();
+    assert_eq!(status.code(), Some(1), "{text}");
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("error"))
+        .unwrap_or_default()
+        .to_string();
+    eprintln!("the run ended with: {last}");
+    last
+}
+
+/// [`exit_error`] of a run whose source `src` outlasted `retry_timeout =
+/// '4s'`: the message names the source, what failed and the budget.
+async fn exit_error_of_source(child: &mut Child, log: &std::path::Path) -> String {
+    let last = exit_error(child, log).await;
+    assert!(last.contains("source src"), "{last}");
+    assert!(
+        last.contains("Postgres") || last.contains("replication"),
+        "names what failed: {last}"
+    );
+    assert!(last.contains("retry_timeout = 4s"), "{last}");
+    last
 }
 
 /// Both tables read back by DuckDB equal Postgres; the slot is
@@ -217,32 +277,7 @@ async fn an_outage_longer_than_retry_timeout_exits_1_with_the_cause() {
     assert!(wait_caught_up(&db, dir.path(), 120).await);
 
     pg.stop("immediate", 10);
-    let stopped_at = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            stopped_at.elapsed() < Duration::from_secs(90),
-            "the run did not give up: {}",
-            std::fs::read_to_string(&log).unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(status.code(), Some(1), "{text}");
-    let last = text
-        .lines()
-        .rev()
-        .find(|l| l.contains("error"))
-        .unwrap_or_default();
-    eprintln!("the run ended with: {last}");
-    assert!(last.contains("source src"), "{text}");
-    assert!(
-        last.contains("Postgres") || last.contains("replication"),
-        "{last}"
-    );
-    assert!(last.contains("retry_timeout = 4s"), "{last}");
+    exit_error_of_source(&mut child, &log).await;
 
     pg.start_again();
     write(&db, 2, 100).await;
@@ -259,21 +294,7 @@ async fn a_crash_of_postgres_mid_snapshot_resumes_the_snapshot_and_ends_equal() 
     let (python, dir, pg, db) = start().await;
     const ROWS: i64 = 60_000;
     prefill(&db, ROWS).await;
-    let p = dir.path().join("snap.sql");
-    std::fs::write(
-        &p,
-        format!(
-            "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
-CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000);
-CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
-CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT * FROM src.public.items;
-CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
-",
-            uri = pg.uri(),
-            d = dir.path().display()
-        ),
-    )
-    .unwrap();
+    let p = snapshot_pipeline(dir.path(), &pg, "*");
     let addr = free_addr();
     let log = dir.path().join("run.log");
     let stop = Arc::new(AtomicBool::new(false));
@@ -396,16 +417,7 @@ CREATE TABLE ch.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM src
 
     ch.stop();
     write(&db, 2, 150).await;
-    let failing = eventually(60, || async { get(&addr, "/healthz").await.0 == 503 }).await;
-    let (_, why) = get(&addr, "/healthz").await;
-    assert!(
-        failing,
-        "the commits fail while ClickHouse is away: {why}\n{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
-    assert!(why.contains("retrying route ch.items"), "{why}");
-    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_retrying(&mut child, &addr, &log, "route ch.items").await;
     ch.start_again();
 
     write(&db, 3, 150).await;
@@ -577,16 +589,7 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM s
 
     server.stop();
     write(&db, 2, 100).await;
-    let failing = eventually(60, || async { get(&addr, "/healthz").await.0 == 503 }).await;
-    let (_, why) = get(&addr, "/healthz").await;
-    assert!(
-        failing,
-        "the commits fail while the catalog is away: {why}\n{}",
-        std::fs::read_to_string(&log).unwrap()
-    );
-    assert!(why.contains("retrying route lake.items"), "{why}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    assert_retrying(&mut child, &addr, &log, "route lake.items").await;
     server.start_again();
 
     write(&db, 3, 100).await;
@@ -604,4 +607,327 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM s
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains(&secret), "the S3 secret is never logged");
     show_retries(&text);
+}
+
+/// The pipeline of `pipeline()`, its source reaching Postgres through
+/// `proxy`, with `source_options` added to the source.
+fn through_proxy(
+    dir: &std::path::Path,
+    pg: &common::Postgres,
+    proxy: &common::proxy::TcpProxy,
+    source_options: &str,
+) -> std::path::PathBuf {
+    let p = pipeline(dir, pg);
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace(&pg.uri(), &proxy.uri_through(&pg.uri(), pg.addr()))
+        .replace(
+            "snapshot = 'none'",
+            &format!("snapshot = 'none'{source_options}"),
+        );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Waits until `/healthz` answers 503 retrying `source src` (the
+/// network to Postgres is away); the reason it gives.
+async fn source_retrying(addr: &str, log: &std::path::Path) -> String {
+    let unhealthy = eventually(30, || async { get(addr, "/healthz").await.0 == 503 }).await;
+    let (_, why) = get(addr, "/healthz").await;
+    assert!(
+        unhealthy,
+        "/healthz turns unhealthy while the network is away: {why}\n{}",
+        std::fs::read_to_string(log).unwrap()
+    );
+    assert!(why.contains("retrying source src"), "{why}");
+    why
+}
+
+/// The network to Postgres is back: the run applies what was written
+/// during and after the fault, turns healthy, stops on SIGTERM, and both
+/// tables equal Postgres with the slot acknowledged up to the sinks.
+async fn after_the_network_returns(
+    child: &mut Child,
+    addr: &str,
+    log: &std::path::Path,
+    python: &std::path::Path,
+    dir: &std::path::Path,
+    db: &PgPool,
+) {
+    write(db, 3, 150).await;
+    assert!(
+        wait_caught_up(db, dir, 120).await,
+        "the run applied the changes made during and after the fault: {}",
+        diagnose(db, dir, log).await
+    );
+    let healthy = eventually(30, || async { get(addr, "/healthz").await.0 == 200 }).await;
+    assert!(healthy, "/healthz is ok again once the network is back");
+    assert!(
+        stop_run(child).success(),
+        "{}",
+        std::fs::read_to_string(log).unwrap()
+    );
+    show_retries(&std::fs::read_to_string(log).unwrap());
+    assert_equal(python, dir, db).await;
+    assert_final_acknowledgement(db, dir).await;
+}
+
+/// The network to Postgres is cut for 5 s under a streaming run (every
+/// connection reset, new ones refused, the server itself up): the run
+/// stays up, says it is retrying the source, reconnects when the path is
+/// back and applies the changes made during and after the cut.
+#[tokio::test]
+async fn a_5s_network_cut_to_postgres_is_ridden_out() {
+    let (python, dir, pg, db) = start().await;
+    let proxy = common::proxy::TcpProxy::start(pg.addr());
+    let p = through_proxy(dir.path(), &pg, &proxy, "");
+    let addr = free_addr();
+    let log = dir.path().join("run.log");
+    let mut child = spawn_run(&p, &addr, &log);
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+    write(&db, 1, 150).await;
+    assert!(wait_caught_up(&db, dir.path(), 120).await);
+
+    proxy.cut();
+    let cut_at = Instant::now();
+    // The server sees its walsender's client go, and frees the slot.
+    let released = eventually(30, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'urutau_test'",
+        )
+        .fetch_one(&db)
+        .await
+        .unwrap_or(false)
+    })
+    .await;
+    assert!(released, "the cut ended the replication connection");
+    write(&db, 2, 150).await;
+    source_retrying(&addr, &log).await;
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(cut_at.elapsed())).await;
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    proxy.restore();
+
+    after_the_network_returns(&mut child, &addr, &log, &python, dir.path(), &db).await;
+}
+
+/// The network to Postgres stays cut for longer than `retry_timeout`: the
+/// run exits 1 with a message naming the source, what failed and the
+/// budget; once the path is back, a run ends equal to Postgres.
+#[tokio::test]
+async fn a_network_cut_longer_than_retry_timeout_exits_1_and_a_restart_ends_equal() {
+    let (python, dir, pg, db) = start().await;
+    let proxy = common::proxy::TcpProxy::start(pg.addr());
+    let p = through_proxy(dir.path(), &pg, &proxy, ", retry_timeout = '4s'");
+    let log = dir.path().join("run.log");
+    let mut child = spawn_run(&p, &free_addr(), &log);
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+    write(&db, 1, 100).await;
+    assert!(wait_caught_up(&db, dir.path(), 120).await);
+
+    proxy.cut();
+    write(&db, 2, 100).await;
+    let last = exit_error_of_source(&mut child, &log).await;
+    assert!(
+        last.to_ascii_lowercase().contains("reset"),
+        "says the connection was reset: {last}"
+    );
+
+    proxy.restore();
+    write(&db, 3, 100).await;
+    run_to_end(&p);
+    assert_equal(&python, dir.path(), &db).await;
+    assert_final_acknowledgement(&db, dir.path()).await;
+}
+
+/// A pipeline's Iceberg sink with every maintenance pass after every
+/// commit: compaction once 4 files are candidates, expiry keeping the
+/// newest 5 snapshots, orphan cleanup of any unreferenced file (`0s` is
+/// safe: the pipeline is the table's one writer).
+fn with_maintenance(p: &std::path::Path) {
+    let text = std::fs::read_to_string(p).unwrap().replace(
+        "namespace = 'pg')",
+        "namespace = 'pg', maintenance_enabled = true,
+  maintenance_compaction_interval = '0s', maintenance_compaction_min_input_files = 4,
+  maintenance_snapshot_expiry_interval = '0s', maintenance_snapshot_expiry_retain_last = 5,
+  maintenance_snapshot_expiry_max_age = '0s',
+  maintenance_orphan_cleanup_interval = '0s', maintenance_orphan_cleanup_older_than = '0s')",
+    );
+    assert!(text.contains("maintenance_enabled"));
+    std::fs::write(p, text).unwrap();
+}
+
+/// kill -9 in the middle of each maintenance pass — compaction with its
+/// files written and not committed, expiry committed with its manifest
+/// lists not deleted, orphan cleanup after its first removal (a test hook
+/// pauses the run there; the kill is a real SIGKILL) — and a run after
+/// each: the table ends equal to Postgres, maintenance goes on, and the
+/// files the killed compaction wrote are cleaned up as orphans.
+#[tokio::test]
+async fn kill_9_in_the_middle_of_each_maintenance_pass_ends_equal() {
+    let (python, dir, pg, db) = start().await;
+    let p = pipeline(dir.path(), &pg);
+    with_maintenance(&p);
+    let data = dir.path().join("wh/pg/items/data");
+    for (n, point) in ["compaction", "expiry", "orphans"].into_iter().enumerate() {
+        let mark = dir.path().join(format!("paused-at-{point}"));
+        let log = dir.path().join(format!("run-{point}.log"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
+            .args(["run", p.to_str().unwrap()])
+            .env("URUTAU_TEST_PAUSE_AT", point)
+            .env("URUTAU_TEST_PAUSE_MARK", &mark)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        assert!(wait_streaming(&db).await, "the run streams from its slot");
+        let began = Instant::now();
+        let mut phase = 10 * n as u64;
+        while !mark.exists() {
+            assert!(
+                began.elapsed() < Duration::from_secs(120),
+                "the run reached the {point} pass: {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+            phase += 1;
+            write(&db, phase, 10).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        child.kill().unwrap(); // SIGKILL, paused mid-pass
+        child.wait().unwrap();
+        assert_slot_not_ahead(&db, dir.path()).await;
+        if point == "compaction" {
+            assert!(
+                std::fs::read_dir(&data).unwrap().count() > 0,
+                "the killed compaction left its files"
+            );
+        }
+    }
+    write(&db, 99, 100).await;
+    run_to_end(&p);
+    assert_equal(&python, dir.path(), &db).await;
+    assert_final_acknowledgement(&db, dir.path()).await;
+
+    // Maintenance went on after the kills: the newest snapshots include
+    // a compaction, and every data file left is one a kept snapshot reads.
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "items")
+        .await
+        .unwrap();
+    let md: Value = serde_json::from_str(&std::fs::read_to_string(&loc).unwrap()).unwrap();
+    let snapshots = md["snapshots"].as_array().unwrap();
+    assert!(
+        snapshots.len() <= 6,
+        "expiry keeps the newest 5 (and one new)"
+    );
+    let referenced = common::duckdb_referenced_files(&python, &loc);
+    let on_disk: Vec<String> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let orphans: Vec<&String> = on_disk
+        .iter()
+        .filter(|f| !referenced.iter().any(|r| r.ends_with(f.as_str())))
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "unreferenced files left: {orphans:?} (referenced: {referenced:?})"
+    );
+}
+
+/// `pg.items` as DuckDB reads it from the local catalog, by id.
+async fn lake_items(python: &std::path::Path, dir: &std::path::Path) -> Vec<Value> {
+    let loc = common::catalog_metadata_location(&dir.join("catalog.db"), "pg", "items")
+        .await
+        .unwrap();
+    common::duckdb_rows(python, &loc, "id")
+}
+
+/// The warehouse's disk fills up under a streaming run (a 64 MiB tmpfs,
+/// filled by a file): the commits fail with `No space left on device`,
+/// which is retried; no partial snapshot lands (DuckDB reads the table
+/// as it was before the disk filled), and once the space is back the run
+/// carries on and ends equal to Postgres.
+#[tokio::test]
+async fn a_full_warehouse_disk_commits_nothing_partial_and_resumes_when_space_returns() {
+    let (python, dir, pg, db) = start().await;
+    let disk = common::small_disk::SmallDisk::mount(&dir.path().join("wh"), 64);
+    let p = pipeline(dir.path(), &pg);
+    let addr = free_addr();
+    let log = dir.path().join("run.log");
+    let mut child = spawn_run(&p, &addr, &log);
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+    write(&db, 1, 150).await;
+    assert!(wait_caught_up(&db, dir.path(), 120).await);
+    let before = source_items(&db).await;
+    assert_eq!(lake_items(&python, dir.path()).await, before);
+
+    disk.fill();
+    write(&db, 2, 150).await;
+    assert_retrying(&mut child, &addr, &log, "route lake.").await;
+    let (_, why) = get(&addr, "/healthz").await;
+    assert!(
+        why.to_ascii_lowercase().contains("no space left on device"),
+        "says the disk is full: {why}"
+    );
+    assert_eq!(
+        lake_items(&python, dir.path()).await,
+        before,
+        "nothing of the failed commits is visible"
+    );
+    disk.free();
+
+    write(&db, 3, 150).await;
+    assert!(
+        wait_caught_up(&db, dir.path(), 120).await,
+        "the run carried on once the space was back: {}",
+        diagnose(&db, dir.path(), &log).await
+    );
+    assert!(
+        stop_run(&mut child).success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    show_retries(&std::fs::read_to_string(&log).unwrap());
+    assert_equal(&python, dir.path(), &db).await;
+    assert_final_acknowledgement(&db, dir.path()).await;
+}
+
+/// The network to Postgres goes silent for 5 s under a streaming run:
+/// packets are dropped without a reset (the proxy holds every byte and
+/// every connection), which TCP alone would not report for many minutes.
+/// The run notices the silence (its check of the slot on a new session
+/// gets no answer), retries, and once the network is back carries on; the
+/// end state equals Postgres.
+#[tokio::test]
+async fn a_silent_network_to_postgres_is_noticed_and_ridden_out() {
+    let (python, dir, pg, db) = start().await;
+    let proxy = common::proxy::TcpProxy::start(pg.addr());
+    let p = through_proxy(dir.path(), &pg, &proxy, "");
+    let addr = free_addr();
+    let log = dir.path().join("run.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", p.to_str().unwrap(), "--metrics-addr", &addr])
+        .env("URUTAU_TEST_SILENCE_MS", "1500")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+    write(&db, 1, 150).await;
+    assert!(wait_caught_up(&db, dir.path(), 120).await);
+
+    proxy.stall();
+    let stalled_at = Instant::now();
+    write(&db, 2, 150).await;
+    let why = source_retrying(&addr, &log).await;
+    assert!(why.contains("no message from the server"), "{why}");
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(stalled_at.elapsed())).await;
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    proxy.restore();
+
+    after_the_network_returns(&mut child, &addr, &log, &python, dir.path(), &db).await;
 }

@@ -317,6 +317,19 @@ CREATE TABLE out.acct AS SELECT * FROM f.acct;
     assert!(err.contains("decimal_handling = 'precise'"), "{err}");
 }
 
+/// Raw JSON messages `{"id": i, "v": "v<i>"}` keyed by id, for `ids`, into
+/// `partition` when given (else by the key's hash).
+fn raw_items(ids: std::ops::Range<i64>, partition: Option<i32>) -> Vec<Value> {
+    ids.map(|i| {
+        let mut m = json!({"key": i.to_string(), "value": json!({"id": i, "v": format!("v{i}")}).to_string()});
+        if let Some(p) = partition {
+            m["partition"] = json!(p);
+        }
+        m
+    })
+    .collect()
+}
+
 /// Raw JSON rows in a partitioned topic: a partition added between runs is
 /// read from its beginning, one added while a run tails the topic is found
 /// by the metadata refresh; offsets deleted before the sink committed them
@@ -327,16 +340,7 @@ async fn new_partitions_are_read_and_deleted_offsets_stop_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let kafka = Kafka::start(&python, dir.path());
     kafka.create_topic("items", 3);
-    let rows = |ids: std::ops::Range<i64>, partition: Option<i32>| -> Vec<Value> {
-        ids.map(|i| {
-            let mut m = json!({"key": i.to_string(), "value": json!({"id": i, "v": format!("v{i}")}).to_string()});
-            if let Some(p) = partition {
-                m["partition"] = json!(p);
-            }
-            m
-        })
-        .collect()
-    };
+    let rows = raw_items;
     kafka.produce("items", &rows(0..300, None));
     let lake_dir = dir.path().join("lake");
     std::fs::create_dir_all(&lake_dir).unwrap();
@@ -829,4 +833,100 @@ CREATE TABLE ch.log WITH (write_mode = 'append-idempotent', workers = 4) AS
         .map(|((p, o), i)| (*p, *o, i))
         .collect();
     assert!(read == expected, "every message at its coordinate");
+}
+
+/// The broker goes away under a run: killed mid-run (SIGKILL) and started
+/// again on its data and port, the run carries on and reads what is
+/// produced after; down when a run starts, the run waits for it and reads
+/// once it is back. Every message lands once (DuckDB's read).
+#[tokio::test]
+async fn a_broker_killed_mid_run_or_down_at_start_is_ridden_out() {
+    use common::pg_cdc::eventually;
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start(&python, dir.path());
+    kafka.create_topic("items", 2);
+    let rows = |ids| raw_items(ids, None);
+    kafka.produce("items", &rows(0..200));
+    let lake_dir = dir.path().join("lake");
+    std::fs::create_dir_all(&lake_dir).unwrap();
+    let p = lake_dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE kt WITH (max_batch_rows = 50, max_batch_interval = '200ms');
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'raw');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.items (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, v FROM k.items;
+",
+            brokers = kafka.brokers,
+            lake = lake(&lake_dir)
+        ),
+    )
+    .unwrap();
+    let ids =
+        |rows: &[Value]| -> Vec<i64> { rows.iter().map(|r| r["id"].as_i64().unwrap()).collect() };
+    let holds = |n: i64| {
+        let (python, lake_dir) = (&python, &lake_dir);
+        async move {
+            match common::catalog_metadata_location(&lake_dir.join("catalog.db"), "bronze", "items")
+                .await
+            {
+                Some(loc) => {
+                    ids(&common::duckdb_rows(python, &loc, "id")) == (0..n).collect::<Vec<_>>()
+                }
+                None => false,
+            }
+        }
+    };
+    let log = dir.path().join("run.log");
+    let spawn = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
+            .args(["run", p.to_str().unwrap()])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap()
+    };
+
+    let mut child = spawn(&[]);
+    assert!(
+        eventually(120, || holds(200)).await,
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    kafka.stop();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    kafka.start_again();
+    kafka.produce("items", &rows(200..400));
+    assert!(
+        eventually(120, || holds(400)).await,
+        "the run read what was produced after the restart: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(child.try_wait().unwrap().is_none(), "the run is still up");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    kafka.stop();
+    let mut child = spawn(&["--exit-when-caught-up"]);
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run waits for the broker: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    kafka.start_again();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    kafka.produce("items", &rows(400..500));
+    run_to_end(&p);
+    assert!(holds(500).await, "every message once");
 }

@@ -195,22 +195,11 @@ async fn snapshot_of_100k_rows_with_a_concurrent_writer_survives_kill_9() {
     let (python, dir, pg, db) = start().await;
     const ROWS: i64 = 100_000;
     prefill(&db, ROWS).await;
-    let p = dir.path().join("snap.sql");
-    std::fs::write(
-        &p,
-        format!(
-            "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
-CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000);
-CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
-CREATE TABLE lake.items WITH (primary_key = 'id') AS
-  SELECT *, _phase AS cdc_phase, _commit_ts AS cdc_commit_ts FROM src.public.items;
-CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
-",
-            uri = pg.uri(),
-            d = dir.path().display()
-        ),
-    )
-    .unwrap();
+    let p = snapshot_pipeline(
+        dir.path(),
+        &pg,
+        "*, _phase AS cdc_phase, _commit_ts AS cdc_commit_ts",
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {

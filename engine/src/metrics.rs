@@ -84,6 +84,8 @@ struct Inner {
 pub struct RetryStatus {
     /// The part that failed: `source <name>` or `route <table>`.
     pub component: String,
+    /// What it was doing ([`crate::runner::RunError::failed_while`]).
+    pub failed_while: &'static str,
     /// The failure, as the run would report it.
     pub error: String,
     /// Retries of this outage so far.
@@ -144,9 +146,32 @@ impl Metrics {
         g.retrying = Some(status);
     }
 
-    /// A source is connected and reading again: the run is healthy.
-    pub fn source_up(&self, _source: &str) {
-        self.lock().retrying = None;
+    /// Source `source` is connected and reading again: if it was the
+    /// failing part (or planning, which read its schemas), the run is
+    /// healthy again.
+    pub fn source_up(&self, source: &str) {
+        let component = format!("source {source}");
+        self.recovered(|r| r.component == component || r.failed_while == "planning");
+    }
+
+    /// Route `route` opened its table and read its position: if that is
+    /// what failed (or planning), the run is healthy again. A failed
+    /// commit is healthy only once a commit lands.
+    pub fn route_opened(&self, route: &str) {
+        let component = format!("route {route}");
+        self.recovered(|r| {
+            (r.component == component && r.failed_while == "opening")
+                || r.failed_while == "planning"
+        });
+    }
+
+    /// Clears the retry status when `is_back` says its part works again;
+    /// another part's failure keeps `/healthz` unhealthy.
+    fn recovered(&self, is_back: impl Fn(&RetryStatus) -> bool) {
+        let mut g = self.lock();
+        if g.retrying.as_ref().is_some_and(is_back) {
+            g.retrying = None;
+        }
     }
 
     /// `None` when healthy, else why not (`/healthz`).
@@ -177,8 +202,8 @@ impl Metrics {
     /// snapshot progress, if any (which sets the phase).
     pub fn committed(&self, table: &str, mark: &str, rows: u64, deletes: u64, seconds: f64) {
         let mark = urutau_planner::progress::CommitMark::parse(mark);
+        self.recovered(|r| r.component == format!("route {table}"));
         let mut g = self.lock();
-        g.retrying = None;
         let t = g.tables.entry(table.to_string()).or_default();
         t.commits += 1;
         t.upserts += rows.saturating_sub(deletes);
@@ -474,6 +499,7 @@ mod tests {
         m.truncate_ignored("pg");
         m.retrying(RetryStatus {
             component: "source pg".into(),
+            failed_while: "reading",
             error: "connection refused".into(),
             attempt: 1,
             since_unix: 0.0,
@@ -503,5 +529,35 @@ mod tests {
         assert_eq!(j["tables"]["lake.orders"]["position"], "0/16B3748");
         assert_eq!(j["tables"]["lake.orders"]["upserts"], 7);
         assert_eq!(j["sources"]["pg"]["lag_bytes"], 120);
+    }
+
+    #[test]
+    fn only_the_failing_part_coming_back_ends_the_retry_status() {
+        let m = Metrics::default();
+        let failing = |component: &str, failed_while| RetryStatus {
+            component: component.into(),
+            failed_while,
+            error: "connection refused".into(),
+            attempt: 1,
+            since_unix: 0.0,
+            budget_left_seconds: 60.0,
+        };
+        m.retrying(failing("route ch.items", "committing"));
+        m.source_up("pg");
+        m.route_opened("ch.items");
+        m.committed("lake.other", "0/10", 1, 0, 0.1);
+        assert!(m.unhealthy().is_some(), "the failed commit has not landed");
+        m.committed("ch.items", "0/20", 1, 0, 0.1);
+        assert!(m.unhealthy().is_none());
+
+        m.retrying(failing("route ch.items", "opening"));
+        m.route_opened("ch.items");
+        assert!(m.unhealthy().is_none(), "the table opened again");
+
+        m.retrying(failing("source pg", "reading"));
+        m.route_opened("ch.items");
+        assert!(m.unhealthy().is_some());
+        m.source_up("pg");
+        assert!(m.unhealthy().is_none());
     }
 }

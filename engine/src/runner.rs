@@ -127,6 +127,49 @@ impl RunError {
         }
     }
 
+    /// What the failing part was doing, as `/statusz` says it:
+    /// `opening` (a route's table and position), `committing`, `reading`
+    /// (a source) or `planning`. A part that gets past it again is up.
+    pub fn failed_while(&self) -> &'static str {
+        match self {
+            RunError::Commit { .. } => "committing",
+            RunError::Route { .. } => "opening",
+            RunError::Source { .. } => "reading",
+            RunError::Plan { .. } => "planning",
+        }
+    }
+
+    /// The message and the transient flag every variant has.
+    fn message_and_flag(&mut self) -> (&mut String, &mut bool) {
+        match self {
+            RunError::Commit {
+                message, transient, ..
+            }
+            | RunError::Route {
+                message, transient, ..
+            }
+            | RunError::Source {
+                message, transient, ..
+            }
+            | RunError::Plan { message, transient } => (message, transient),
+        }
+    }
+
+    /// The same failure, terminal, with `note` appended to its message
+    /// (the retry budget it outlasted).
+    pub fn terminal_with(mut self, note: &str) -> RunError {
+        let (message, transient) = self.message_and_flag();
+        message.push_str(note);
+        *transient = false;
+        self
+    }
+
+    /// The same failure with the message `text` (a later attempt's).
+    pub fn with_message(mut self, text: String) -> RunError {
+        *self.message_and_flag().0 = text;
+        self
+    }
+
     /// The source's error, for source `name`.
     fn source(name: &str, e: sources::SourceError) -> RunError {
         RunError::Source {
@@ -213,6 +256,7 @@ pub async fn run(
             _ => "stream",
         };
         metrics.table_started(&route.name, phase, parsed.as_ref().map(|p| p.to_string()));
+        metrics.route_opened(&route.name);
         resume.push(parsed);
         resume_snapshot.push(snapshot);
     }

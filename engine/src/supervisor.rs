@@ -210,6 +210,7 @@ where
             );
             metrics.retrying(RetryStatus {
                 component: failure.component(),
+                failed_while: failure.failed_while(),
                 error: failure.to_string(),
                 attempt: *attempt,
                 since_unix: *since_unix,
@@ -232,15 +233,7 @@ where
                     // read): the same outage, retried on the source's
                     // budget.
                     failure = match failure {
-                        RunError::Source {
-                            source_name,
-                            transient,
-                            ..
-                        } => RunError::Source {
-                            source_name,
-                            message: e.to_string(),
-                            transient,
-                        },
+                        RunError::Source { .. } => failure.with_message(e.to_string()),
                         _ => e,
                     };
                 }
@@ -257,31 +250,7 @@ fn gave_up(e: RunError, spent: Duration, retries: u32, budget: Duration) -> RunE
         spent.as_secs_f64(),
         budget.as_secs()
     );
-    match e {
-        RunError::Commit { route, message, .. } => RunError::Commit {
-            route,
-            message: message + &note,
-            transient: false,
-        },
-        RunError::Route { route, message, .. } => RunError::Route {
-            route,
-            message: message + &note,
-            transient: false,
-        },
-        RunError::Source {
-            source_name,
-            message,
-            ..
-        } => RunError::Source {
-            source_name,
-            message: message + &note,
-            transient: false,
-        },
-        RunError::Plan { message, .. } => RunError::Plan {
-            message: message + &note,
-            transient: false,
-        },
-    }
+    e.terminal_with(&note)
 }
 
 #[cfg(test)]

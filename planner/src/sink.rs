@@ -79,6 +79,10 @@ pub fn message_is_transient(message: &str) -> bool {
         "forbidden",
         "access denied",
         "permission denied",
+        // A host name that does not exist (a temporary resolver failure
+        // is "temporary failure in name resolution": transient).
+        "name or service not known",
+        "no address associated with hostname",
     ];
     const TRANSIENT: &[&str] = &[
         "connection refused",
@@ -193,6 +197,7 @@ mod tests {
             "clickhouse: Code: 516. DB::Exception: Authentication failed (AUTHENTICATION_FAILED)",
             "the catalog answered 403 Forbidden",
             "internal: column count mismatch",
+            "error sending request: dns error: failed to lookup address information: Name or service not known",
         ] {
             assert!(!SinkError::Io(m.into()).is_transient(), "{m}");
         }

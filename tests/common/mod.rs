@@ -3,6 +3,8 @@
 
 pub mod conformance;
 pub mod pg_cdc;
+pub mod proxy;
+pub mod small_disk;
 pub mod workload;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -133,6 +135,27 @@ pub fn harness_script(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
+/// Runs harness `script` with `args` under `python`; a failure fails the
+/// test with `what` and the script's own message. Its standard output.
+pub fn harness(
+    python: impl AsRef<std::ffi::OsStr>,
+    script: &str,
+    args: &[&str],
+    what: &str,
+) -> Vec<u8> {
+    let out = std::process::Command::new(python)
+        .arg(harness_script(script))
+        .args(args)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// Every source and sink kind of the build (what the binary registers).
 pub fn registry() -> Registry {
     urutau::registry()
@@ -198,6 +221,22 @@ pub fn duckdb_rows(
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Every file a snapshot kept in `metadata` reads (manifest lists,
+/// manifests, live data and delete files), as DuckDB reads the Avro.
+pub fn duckdb_referenced_files(python: &std::path::Path, metadata: &str) -> Vec<String> {
+    let out = harness(
+        python,
+        "iceberg_read.py",
+        &[metadata, "--referenced-files"],
+        &format!("DuckDB could not list the files of {metadata}"),
+    );
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
         .collect()
 }
 
@@ -269,15 +308,12 @@ impl Seaweed {
     /// Stops the server (S3 and the catalog refuse connections from now
     /// on); [`Self::start_again`] brings it back with its data.
     pub fn stop(&self) {
-        let out = std::process::Command::new(&self.python)
-            .arg(harness_script("seaweed.py"))
-            .args(["stop", "--pid", &self.info["pid"].to_string()])
-            .output()
-            .expect("python runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let pid = self.info["pid"].to_string();
+        harness(
+            &self.python,
+            "seaweed.py",
+            &["stop", "--pid", &pid],
+            "SeaweedFS did not stop",
         );
     }
 
@@ -346,43 +382,35 @@ impl Seaweed {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
-    /// The table's rows as DuckDB reads them from S3; `None` while the
-    /// table is not there yet.
-    pub fn try_rows(&self, table: &str, order_by: &str) -> Option<Vec<serde_json::Value>> {
+    /// The table's rows as DuckDB reads them from S3, or the reader's
+    /// error (the table is not there yet, the server is away).
+    pub fn read_rows(&self, table: &str, order_by: &str) -> Result<Vec<serde_json::Value>, String> {
         let out = std::process::Command::new(&self.python)
             .arg(harness_script("iceberg_read.py"))
             .args(self.reader_args(table))
             .args(["--order-by", order_by])
             .output()
             .expect("python runs");
-        out.status.success().then(|| {
-            String::from_utf8(out.stdout)
-                .unwrap()
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect()
-        })
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect())
+    }
+
+    /// The table's rows as DuckDB reads them from S3; `None` while the
+    /// table is not there yet.
+    pub fn try_rows(&self, table: &str, order_by: &str) -> Option<Vec<serde_json::Value>> {
+        self.read_rows(table, order_by).ok()
     }
 
     /// The table's rows as DuckDB reads them from S3.
     pub fn rows(&self, table: &str, order_by: &str) -> Vec<serde_json::Value> {
-        let script = harness_script("iceberg_read.py");
-        let out = std::process::Command::new(&self.python)
-            .arg(script)
-            .args(self.reader_args(table))
-            .args(["--order-by", order_by])
-            .output()
-            .expect("python runs");
-        assert!(
-            out.status.success(),
-            "DuckDB could not read {table}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        self.read_rows(table, order_by)
+            .unwrap_or_else(|e| panic!("DuckDB could not read {table}: {e}"))
     }
 }
 
@@ -426,35 +454,35 @@ impl Postgres {
         self.info["uri"].as_str().unwrap().to_string()
     }
 
+    /// Where the server listens (`127.0.0.1:<port>`).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        format!("127.0.0.1:{}", self.info["port"]).parse().unwrap()
+    }
+
     /// `pg_ctl stop -m MODE`, waiting at most `timeout_s` seconds: fails
     /// the test with pg_ctl's message when the server does not stop.
     pub fn stop(&self, mode: &str, timeout_s: u32) {
-        let out = std::process::Command::new("python3")
-            .arg(harness_script("postgres.py"))
-            .args(["stop", "--dir", self.info["dir"].as_str().unwrap()])
-            .args(["--mode", mode, "--timeout", &timeout_s.to_string()])
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let dir = self.info["dir"].as_str().unwrap();
+        let timeout = timeout_s.to_string();
+        let args = ["stop", "--dir", dir, "--mode", mode, "--timeout", &timeout];
+        harness(
+            "python3",
+            "postgres.py",
+            &args,
+            &format!("PostgreSQL did not stop (-m {mode})"),
         );
     }
 
     /// Starts the server again on its directory and port (after
     /// [`Self::stop`]).
     pub fn start_again(&self) {
-        let out = std::process::Command::new("python3")
-            .arg(harness_script("postgres.py"))
-            .args(["start", "--dir", self.info["dir"].as_str().unwrap()])
-            .args(["--port", &self.info["port"].to_string()])
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "PostgreSQL did not start again: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let dir = self.info["dir"].as_str().unwrap();
+        let port = self.info["port"].to_string();
+        harness(
+            "python3",
+            "postgres.py",
+            &["start", "--dir", dir, "--port", &port],
+            "PostgreSQL did not start again",
         );
     }
 }
@@ -547,15 +575,11 @@ impl ClickHouse {
     /// its data. Only for the harness's front.
     pub fn stop(&mut self) {
         let pid = self.pid.take().expect("the harness's front is running");
-        let out = std::process::Command::new(&self.python)
-            .arg(harness_script("clickhouse_front.py"))
-            .args(["stop", "--pid", &pid.to_string()])
-            .output()
-            .expect("python runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        harness(
+            &self.python,
+            "clickhouse_front.py",
+            &["stop", "--pid", &pid.to_string()],
+            "the ClickHouse front did not stop",
         );
     }
 
@@ -817,6 +841,32 @@ impl Kafka {
             dir,
             connect: None,
         }
+    }
+
+    /// Kills the broker (SIGKILL, as a crash or a lost node);
+    /// [`Self::start_again`] brings it back on its data and port.
+    pub fn stop(&self) {
+        let dir = self.dir.to_str().unwrap();
+        harness(
+            &self.python,
+            "kafka.py",
+            &["stop", "--dir", dir],
+            "the Kafka broker did not stop",
+        );
+    }
+
+    /// Starts the broker again on its data directory and port.
+    pub fn start_again(&self) {
+        let dir = self.dir.to_str().unwrap();
+        let out = harness(
+            &self.python,
+            "kafka.py",
+            &["start", "--dir", dir],
+            "the Kafka broker did not start again",
+        );
+        let info: serde_json::Value =
+            serde_json::from_slice(&out).expect("the harness prints JSON");
+        assert_eq!(info["brokers"].as_str(), Some(self.brokers.as_str()));
     }
 
     /// Runs a harness command against the broker; its JSON output.

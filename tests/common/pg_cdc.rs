@@ -46,6 +46,26 @@ CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
     p
 }
 
+/// The snapshotting pipeline (`snap.sql`): both tables copied in chunks
+/// of 1,000 rows, then streamed; `items_select` is what `lake.items`
+/// selects from `src.public.items` (`*`, or with metadata columns).
+pub fn snapshot_pipeline(dir: &Path, pg: &super::Postgres, items_select: &str) -> PathBuf {
+    let text = format!(
+        "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000);
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
+CREATE TABLE lake.items WITH (primary_key = 'id') AS
+  SELECT {items_select} FROM src.public.items;
+CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
+",
+        uri = pg.uri(),
+        d = dir.display()
+    );
+    let p = dir.join("snap.sql");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
 /// A long text (TOASTed: well over 2 kB).
 pub fn long_text(rng: &mut StdRng) -> String {
     let word = ["alpha", "beta", "gamma", "δέλτα", "🦀"][rng.random_range(0..5)];

@@ -192,6 +192,29 @@ def check_sequence_numbers(metadata_json):
     print(len(lists), entries)
 
 
+def referenced_files(metadata_json):
+    """Every file a snapshot the metadata keeps reads: its manifest list,
+    the manifests in it and their live (added or existing) data and delete
+    files, one path a line, as DuckDB reads the Avro files."""
+    def local(p):
+        return p[len("file://"):] if p.startswith("file://") else p
+
+    with open(local(metadata_json)) as f:
+        md = json.load(f)
+    con = connect()
+    out = set()
+    for snap in md.get("snapshots", []):
+        out.add(snap["manifest-list"])
+        for (manifest,) in con.execute("SELECT manifest_path FROM read_avro(?)",
+                                       [local(snap["manifest-list"])]).fetchall():
+            out.add(manifest)
+            for (file,) in con.execute("SELECT data_file.file_path FROM read_avro(?) WHERE status <> 2",
+                                       [local(manifest)]).fetchall():
+                out.add(file)
+    for path in sorted(out):
+        print(path)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("metadata_json", nargs="?")
@@ -206,7 +229,12 @@ def main():
     p.add_argument("--avro-rows", help="print the number of records of an Avro file (a manifest list)")
     p.add_argument("--check-sequence-numbers", action="store_true",
                    help="check the current snapshot's manifests (see check_sequence_numbers)")
+    p.add_argument("--referenced-files", action="store_true",
+                   help="list every file a kept snapshot reads (see referenced_files)")
     args = p.parse_args()
+    if args.referenced_files:
+        referenced_files(args.metadata_json)
+        return
     if args.check_sequence_numbers:
         check_sequence_numbers(args.metadata_json)
         return

@@ -113,6 +113,9 @@ impl IcebergSink {
             ),
             Err(e) => (Err(e), vec![]),
         };
+        if built.is_ok() {
+            super::pause_point("compaction");
+        }
         if self.commit_pass(state, "compaction", built, &added).await {
             tracing::info!(
                 table = %state.ident,
@@ -149,6 +152,7 @@ impl IcebergSink {
         if !self.commit_pass(state, "snapshot expiry", built, &[]).await {
             return;
         }
+        super::pause_point("expiry");
         let io = state.table.file_io().clone();
         let mut deleted = 0;
         for list in &lists {
@@ -191,7 +195,10 @@ impl IcebergSink {
             let mut removed = 0;
             for f in &orphans {
                 match std::fs::remove_file(f) {
-                    Ok(()) => removed += 1,
+                    Ok(()) => {
+                        removed += 1;
+                        super::pause_point("orphans");
+                    }
                     Err(e) => {
                         tracing::warn!(table = %ident, file = %f.display(), error = %e, "orphan cleanup: cannot remove a file")
                     }

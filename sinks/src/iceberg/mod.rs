@@ -73,6 +73,27 @@ pub mod faults {
     }
 }
 
+/// Test hook: when `URUTAU_TEST_PAUSE_AT` names `point` (`compaction`:
+/// its files written, not committed; `expiry`: committed, its manifest
+/// lists not deleted; `orphans`: the first orphan removed), writes the file
+/// `URUTAU_TEST_PAUSE_MARK` names and blocks this thread for good, so that
+/// a test kills the process with SIGKILL exactly there. Only in builds
+/// with the `fault-injection` feature; a no-op otherwise.
+pub(crate) fn pause_point(point: &str) {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var("URUTAU_TEST_PAUSE_AT").is_ok_and(|p| p == point) {
+        if let Ok(mark) = std::env::var("URUTAU_TEST_PAUSE_MARK") {
+            let _ = std::fs::write(mark, point);
+        }
+        tracing::warn!(point, "test hook: paused for a kill -9");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    let _ = point;
+}
+
 /// Whether a test armed a lost response for this swap
 /// ([`faults::lose_next_responses`]); always false without the
 /// `fault-injection` feature.

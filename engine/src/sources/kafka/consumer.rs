@@ -183,10 +183,13 @@ impl Consuming {
             .consumer
             .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
             .map_err(|e| {
-                SourceError::new(format!(
-                    "cannot read the metadata of topic {topic} from {}: {e}",
-                    self.cfg.brokers
-                ))
+                client_error(
+                    format!(
+                        "cannot read the metadata of topic {topic} from {}: {e}",
+                        self.cfg.brokers
+                    ),
+                    e.rdkafka_error_code(),
+                )
             })?;
         let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
             return Err(SourceError::new(format!(
@@ -196,13 +199,14 @@ impl Consuming {
         };
         if let Some(err) = t.error() {
             let code = RDKafkaErrorCode::from(err);
-            return Err(SourceError::new(match code {
+            let message = match code {
                 RDKafkaErrorCode::UnknownTopicOrPartition => format!(
                     "topic {topic} does not exist on {} (create it, or set the table's topic)",
                     self.cfg.brokers
                 ),
                 other => format!("topic {topic}: {other}"),
-            }));
+            };
+            return Err(client_error(message, Some(code)));
         }
         let mut ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
         ids.sort_unstable();
@@ -213,9 +217,10 @@ impl Consuming {
         self.consumer
             .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
             .map_err(|e| {
-                SourceError::new(format!(
-                    "cannot read the offsets of topic {topic} partition {partition}: {e}"
-                ))
+                client_error(
+                    format!("cannot read the offsets of topic {topic} partition {partition}: {e}"),
+                    e.rdkafka_error_code(),
+                )
             })
     }
 
@@ -415,6 +420,36 @@ impl Consuming {
     }
 }
 
+/// Whether a client error's code says the brokers are away or briefly
+/// unable to serve (down, restarting, electing a leader), not that the
+/// request is wrong: the run retries it within `retry_timeout`.
+fn brokers_away(code: Option<RDKafkaErrorCode>) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        Some(
+            C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::Resolve
+                | C::OperationTimedOut
+                | C::RequestTimedOut
+                | C::NetworkException
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+                | C::BrokerNotAvailable
+        )
+    )
+}
+
+/// A client error with `message`, transient when its `code` says the
+/// brokers are away ([`brokers_away`]).
+fn client_error(message: String, code: Option<RDKafkaErrorCode>) -> SourceError {
+    SourceError {
+        message,
+        transient: brokers_away(code),
+    }
+}
+
 /// A resume offset must lie within what the broker holds.
 fn check_offset(
     topic: &str,
@@ -455,4 +490,28 @@ fn headers_json(h: &rdkafka::message::BorrowedHeaders) -> String {
         map.insert(header.key.to_string(), value);
     }
     serde_json::Value::Object(map).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn brokers_away_are_transient_a_missing_topic_is_not() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::AllBrokersDown,
+            C::BrokerTransportFailure,
+            C::LeaderNotAvailable,
+        ] {
+            assert!(client_error("x".into(), Some(code)).transient, "{code:?}");
+        }
+        for code in [
+            Some(C::UnknownTopicOrPartition),
+            Some(C::TopicAuthorizationFailed),
+            None,
+        ] {
+            assert!(!client_error("x".into(), code).transient, "{code:?}");
+        }
+    }
 }

@@ -54,6 +54,7 @@ impl KafkaSourceProvider {
                 exec_name: "KafkaSourceExec",
                 doc: "Kafka topics, by manual partition assignment (offsets live in the sinks)",
                 options: vec![
+                    OptionDef::retry_timeout(),
                     OptionDef::new(
                         "brokers",
                         T::String,

@@ -62,11 +62,33 @@ pub async fn connect(uri: &str) -> Result<PgConnection, SourceError> {
     let options: PgConnectOptions = uri.parse().map_err(|e: sqlx::Error| {
         SourceError::new(format!("the source uri: {}", redact(&e.to_string())))
     })?;
-    options
-        .log_statements(tracing::log::LevelFilter::Debug)
-        .connect()
-        .await
-        .map_err(|e| errors::sql("connecting to Postgres", &e))
+    let options = options.log_statements(tracing::log::LevelFilter::Debug);
+    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+        Ok(connected) => connected.map_err(|e| errors::sql("connecting to Postgres", &e)),
+        Err(_) => Err(SourceError::transient(format!(
+            "connecting to Postgres: no answer within {}s (is the network to the server down?)",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// How long connecting (TCP, TLS, authentication) may take: a network that
+/// drops packets silently would otherwise hold a connect for as long as
+/// TCP retries.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether some connection streams from `slot` now (`active`), asked on a
+/// new session; a slot that does not exist is not.
+pub async fn slot_is_active(uri: &str, slot: &str) -> Result<bool, SourceError> {
+    let mut conn = connect(uri).await?;
+    let active: Option<bool> =
+        sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(slot)
+            .fetch_optional(&mut conn)
+            .await
+            .map_err(|e| errors::sql(&format!("checking replication slot {slot}"), &e))?;
+    close(conn).await;
+    Ok(active.unwrap_or(false))
 }
 
 /// Sets the session's text output to what the value parsers expect (the

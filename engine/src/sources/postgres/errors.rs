@@ -18,6 +18,7 @@ fn transient_sqlstate(code: &str) -> bool {
                 | "57P03" // cannot_connect_now (starting up, in recovery)
                 | "57P05" // idle_session_timeout
                 | "53300" // too_many_connections
+                | "55006" // object_in_use: the slot is still held by the walsender of a client that just died
                 | "40001" // serialization_failure
                 | "40P01" // deadlock_detected
                 | "58030" // io_error on the server
@@ -39,15 +40,16 @@ pub fn sql_is_transient(e: &sqlx::Error) -> bool {
 /// A SQL session's error while `doing`, classified, with any URI
 /// credentials removed.
 pub fn sql(doing: &str, e: &sqlx::Error) -> SourceError {
+    classified(doing, e, sql_is_transient(e))
+}
+
+/// `doing: error` with credentials removed, transient or not.
+fn classified(doing: &str, e: &dyn std::fmt::Display, transient: bool) -> SourceError {
     let message = format!(
         "{doing}: {}",
         urutau_planner::options::redact_text(&e.to_string())
     );
-    if sql_is_transient(e) {
-        SourceError::transient(message)
-    } else {
-        SourceError::new(message)
-    }
+    SourceError { message, transient }
 }
 
 /// Whether a replication connection's error may pass: the connection was
@@ -65,15 +67,7 @@ pub fn replication_is_transient(e: &PgWireError) -> bool {
 
 /// A replication connection's error while `doing`, classified.
 pub fn replication(doing: &str, e: &PgWireError) -> SourceError {
-    let message = format!(
-        "{doing}: {}",
-        urutau_planner::options::redact_text(&e.to_string())
-    );
-    if replication_is_transient(e) {
-        SourceError::transient(message)
-    } else {
-        SourceError::new(message)
-    }
+    classified(doing, e, replication_is_transient(e))
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use crate::position::Position;
 use crate::sources::{ChangeSource, OpenArgs, SourceBatch, SourceError, TableChanges};
 
 mod peek;
+mod silence;
 pub use peek::open as open_peek;
 
 /// The prefix of the logical message that marks "caught up".
@@ -795,6 +796,7 @@ async fn stream(
     let mut acked_sent = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut caught_up = false;
+    let mut silence = silence::SilenceWatch::new();
     loop {
         // The next snapshot chunk, once the previous window has closed.
         if let Some(snap) = &mut snapshotter
@@ -824,6 +826,9 @@ async fn stream(
         }
         if event.is_none() {
             a.report_lag(acked_sent.max(start));
+            silence.check(&cfg.uri, &cfg.slot).await?;
+        } else {
+            silence.heard();
         }
         if cfg.stop.load(Ordering::Relaxed) {
             break;
