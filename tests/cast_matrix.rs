@@ -312,6 +312,7 @@ async fn run_route(
     tx.send(RouteBatch {
         batch,
         end: "1".into(),
+        open_transaction: false,
     })
     .await
     .unwrap();

@@ -653,3 +653,164 @@ async fn preview_reads_the_position_and_creates_no_layout() {
     );
     assert_eq!(cb.layout(), layout);
 }
+
+/// The Couchbase tables of a two-column pipeline into `bucket`, with
+/// `sink` options and route `options`.
+async fn parts_sink(
+    cb: &Couchbase,
+    bucket: &str,
+    sink: &str,
+    route: &str,
+) -> (
+    CouchbaseSink,
+    std::sync::Arc<urutau_planner::target::TargetTable>,
+) {
+    let text = format!(
+        "CREATE PIPELINE a;
+CREATE SOURCE src FROM file WITH (path = 'x.jsonl');
+CREATE SINK cb INTO couchbase WITH ({}{sink});
+CREATE TABLE src.items (id BIGINT NOT NULL, name VARCHAR, PRIMARY KEY (id));
+CREATE TABLE cb.items WITH ({route}) AS SELECT * FROM src.items;",
+        cb.sink_options(bucket)
+    );
+    let plan = common::plan_sql(&text)
+        .await
+        .unwrap_or_else(|d| panic!("{}", common::show(&d)));
+    let sink = CouchbaseSink::new(&plan.spec.sinks[0]).unwrap();
+    let target = plan.routes[0].target.clone();
+    sink.ensure_table(&target).await.unwrap();
+    (sink, target)
+}
+
+/// A transaction larger than a batch, in atomic mode: its parts go into
+/// the next batch's journal and touch no document (the Python SDK reads
+/// none of them, nor a moved position) until the batch that closes it,
+/// which applies every part in order — a later part's change of a key
+/// wins. Parts a crash left uncommitted are removed by the next start,
+/// which leaves the documents and the position as they were.
+#[tokio::test]
+async fn atomic_parts_of_a_transaction_land_only_with_its_last_batch() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let cb = Couchbase::start(&python, &dir.path().join("cb"));
+    let (sink, target) = parts_sink(
+        &cb,
+        "parts",
+        ", commit_mode = 'atomic'",
+        "primary_key = 'id'",
+    )
+    .await;
+    assert!(sink.stages_transactions(&target));
+    let keys: Vec<String> = (1..=5).map(|i| format!("[{i}]")).collect();
+    let journal = |c: u32| format!("_urutau::journal::t::1::{c}");
+    sink.stage(
+        &target,
+        &simple_batch(&[(1, Some("a")), (2, Some("a")), (3, Some("a"))]),
+    )
+    .await
+    .unwrap();
+    sink.stage(&target, &simple_batch(&[(2, Some("b")), (3, None)]))
+        .await
+        .unwrap();
+    let staged = cb.get("parts", "_default", "items", &[journal(0), journal(1)]);
+    assert!(staged[&journal(0)]["entries"].is_array(), "{staged:?}");
+    assert!(staged[&journal(1)]["entries"].is_array(), "{staged:?}");
+    let read = cb.get("parts", "_default", "items", &keys);
+    assert!(
+        read.values().all(Value::is_null),
+        "nothing applied: {read:?}"
+    );
+    let control = cb.get("parts", "_default", "items", &[CONTROL.into()]);
+    assert!(control[CONTROL].is_null(), "no position yet: {control:?}");
+
+    sink.commit(&target, &simple_batch(&[(4, Some("c"))]), "p1")
+        .await
+        .unwrap();
+    let read = cb.get("parts", "_default", "items", &keys);
+    assert_eq!(read["[1]"], json!({"id": 1, "name": "a"}));
+    assert_eq!(read["[2]"], json!({"id": 2, "name": "b"}));
+    assert!(read["[3]"].is_null(), "deleted by the later part: {read:?}");
+    assert_eq!(read["[4]"], json!({"id": 4, "name": "c"}));
+    let control = cb.get("parts", "_default", "items", &[CONTROL.into()]);
+    assert_eq!(control[CONTROL]["position"], json!("p1"), "{control:?}");
+    assert_eq!(
+        control[CONTROL]["pending"]["chunks"],
+        json!(3),
+        "{control:?}"
+    );
+
+    // A run that staged a part and crashed: the next start discards it.
+    sink.stage(&target, &simple_batch(&[(1, Some("z")), (5, Some("z"))]))
+        .await
+        .unwrap();
+    let left = cb.get(
+        "parts",
+        "_default",
+        "items",
+        &["_urutau::journal::t::2::0".into()],
+    );
+    assert!(!left["_urutau::journal::t::2::0"].is_null(), "{left:?}");
+    drop(sink);
+    let (sink, target) = parts_sink(
+        &cb,
+        "parts",
+        ", commit_mode = 'atomic'",
+        "primary_key = 'id'",
+    )
+    .await;
+    let left = cb.get(
+        "parts",
+        "_default",
+        "items",
+        &["_urutau::journal::t::2::0".into()],
+    );
+    assert!(left["_urutau::journal::t::2::0"].is_null(), "{left:?}");
+    assert_eq!(
+        sink.committed_position(&target).await.unwrap().as_deref(),
+        Some("p1")
+    );
+    let again = cb.get("parts", "_default", "items", &keys);
+    assert_eq!(
+        again, read,
+        "the documents are as the last commit left them"
+    );
+}
+
+/// In fast mode a part's documents are written at once (a replay writes
+/// them again), the position moves only with the transaction's last
+/// batch, and an append route's keys count on across the parts, as if
+/// the transaction had come whole.
+#[tokio::test]
+async fn fast_parts_write_their_documents_and_append_keys_count_on() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let cb = Couchbase::start(&python, &dir.path().join("cb"));
+    let (sink, target) = parts_sink(&cb, "fastparts", "", "write_mode = 'append'").await;
+    assert!(sink.stages_transactions(&target));
+    sink.commit(&target, &simple_batch(&[(9, Some("first"))]), "p1")
+        .await
+        .unwrap();
+    sink.stage(&target, &simple_batch(&[(1, Some("a")), (2, Some("b"))]))
+        .await
+        .unwrap();
+    assert_eq!(
+        sink.committed_position(&target).await.unwrap().as_deref(),
+        Some("p1"),
+        "a part moves no position"
+    );
+    sink.stage(&target, &simple_batch(&[(1, Some("c"))]))
+        .await
+        .unwrap();
+    sink.commit(&target, &simple_batch(&[(3, Some("d"))]), "p2")
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..5).map(|i| format!("[\"p1\",{i}]")).collect();
+    let read = cb.get("fastparts", "_default", "items", &keys);
+    assert_eq!(read[&keys[0]], json!({"id": 1, "name": "a"}));
+    assert_eq!(read[&keys[1]], json!({"id": 2, "name": "b"}));
+    assert_eq!(read[&keys[2]], json!({"id": 1, "name": "c"}));
+    assert_eq!(read[&keys[3]], json!({"id": 3, "name": "d"}));
+    assert!(read[&keys[4]].is_null(), "{read:?}");
+    let control = cb.get("fastparts", "_default", "items", &[CONTROL.into()]);
+    assert_eq!(control[CONTROL]["position"], json!("p2"), "{control:?}");
+}

@@ -375,6 +375,11 @@ pub async fn run(
                     sent_snapshot: resume_snapshot[i].clone(),
                     empty: RecordBatch::new_empty(Arc::clone(&t.scan_schema)),
                     left: options.changes_per_route,
+                    stages: plan.routes[i]
+                        .sink
+                        .stages_transactions(&plan.routes[i].target),
+                    staged: false,
+                    held: Vec::new(),
                 });
             }
         }
@@ -619,6 +624,15 @@ struct Outlet {
     empty: RecordBatch,
     /// Changes the route may still receive ([`RunOptions::changes_per_route`]).
     left: Option<u64>,
+    /// The route's sink stages parts of a transaction
+    /// ([`urutau_planner::sink::Sink::stages_transactions`]).
+    stages: bool,
+    /// Parts of the open transaction sent to the sink to stage: the batch
+    /// that closes it must reach the route even if empty.
+    staged: bool,
+    /// Parts of the open transaction held for a sink that cannot stage:
+    /// sent with the batch that closes it, as one.
+    held: Vec<RecordBatch>,
 }
 
 impl Outlet {
@@ -641,7 +655,9 @@ async fn dispatch(
 ) -> Result<bool, String> {
     for o in outlets.iter_mut() {
         let Some(sender) = &o.sender else { continue };
-        if let Some((_, progress)) = batch.snapshot.iter().find(|(t, _)| *t == o.table) {
+        if !batch.open_transaction
+            && let Some((_, progress)) = batch.snapshot.iter().find(|(t, _)| *t == o.table)
+        {
             o.snapshot = Some(progress.clone());
         }
         // Changes the sink already holds are not sent again.
@@ -696,8 +712,42 @@ async fn dispatch(
         if !still_behind {
             o.resume = None;
         }
+        if batch.open_transaction {
+            // A part of a transaction that goes on: staged by a sink that
+            // can, held here for one that cannot. No position moves (the
+            // part's end is inside the transaction), so nothing else is
+            // sent: an untouched route's progress waits for the end.
+            if let Some(b) = rows.filter(|b| b.num_rows() > 0) {
+                if o.stages {
+                    let rb = RouteBatch {
+                        batch: b,
+                        end: end.to_string(),
+                        open_transaction: true,
+                    };
+                    if sender.send(rb).await.is_err() {
+                        return Ok(false);
+                    }
+                    o.staged = true;
+                } else {
+                    o.held.push(b);
+                }
+            }
+            continue;
+        }
+        let rows = match (std::mem::take(&mut o.held), rows) {
+            (held, rows) if held.is_empty() => rows,
+            (held, rows) => {
+                let parts: Vec<&RecordBatch> = held.iter().chain(rows.as_ref()).collect();
+                Some(
+                    arrow::compute::concat_batches(o.empty.schema_ref(), parts)
+                        .map_err(|e| format!("joining the parts of a transaction: {e}"))?,
+                )
+            }
+        };
         let send = match rows {
             Some(b) if b.num_rows() > 0 => Some(b),
+            // The staged parts are committed by the transaction's end.
+            _ if o.staged => Some(o.empty.clone()),
             // The snapshot progress moved: commit it promptly.
             _ if o.snapshot != o.sent_snapshot => Some(o.empty.clone()),
             // Untouched: advance the position now and then.
@@ -708,10 +758,12 @@ async fn dispatch(
             let rb = RouteBatch {
                 batch: b,
                 end: o.mark(&end),
+                open_transaction: false,
             };
             if sender.send(rb).await.is_err() {
                 return Ok(false);
             }
+            o.staged = false;
             o.sent_snapshot = o.snapshot.clone();
             o.last_sent = Instant::now();
             o.last_end = Some(end);
@@ -739,6 +791,7 @@ async fn finish_positions(outlets: &mut [Outlet], end: &Position) {
             let rb = RouteBatch {
                 batch: o.empty.clone(),
                 end: o.mark(&target),
+                open_transaction: false,
             };
             if sender.send(rb).await.is_ok() {
                 o.last_end = Some(target);

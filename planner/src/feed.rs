@@ -19,13 +19,26 @@ use tokio::sync::mpsc;
 pub struct RouteBatch {
     pub batch: RecordBatch,
     pub end: String,
+    /// The batch is a part of a transaction that continues in the next
+    /// batch (one larger than `max_batch_rows`): the sink stages it, and
+    /// `end` is not a position to commit. The batch that closes the
+    /// transaction commits every staged part with it.
+    pub open_transaction: bool,
+}
+
+/// Where a batch reaching the sink node ends ([`RouteBatch::end`] and
+/// [`RouteBatch::open_transaction`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boundary {
+    pub end: String,
+    pub open_transaction: bool,
 }
 
 /// The channel into one route's plan.
 #[derive(Debug, Default)]
 pub struct RouteFeed {
     receiver: Mutex<Option<mpsc::Receiver<RouteBatch>>>,
-    boundaries: Mutex<VecDeque<String>>,
+    boundaries: Mutex<VecDeque<Boundary>>,
 }
 
 impl RouteFeed {
@@ -47,13 +60,16 @@ impl RouteFeed {
         self.receiver.lock().expect("feed lock").take()
     }
 
-    /// Records that the batch the scan just emitted ends at `end`.
-    pub fn push_boundary(&self, end: String) {
-        self.boundaries.lock().expect("feed lock").push_back(end);
+    /// Records where the batch the scan just emitted ends.
+    pub fn push_boundary(&self, boundary: Boundary) {
+        self.boundaries
+            .lock()
+            .expect("feed lock")
+            .push_back(boundary);
     }
 
-    /// The end position of the next batch reaching the sink node.
-    pub fn pop_boundary(&self) -> Option<String> {
+    /// Where the next batch reaching the sink node ends.
+    pub fn pop_boundary(&self) -> Option<Boundary> {
         self.boundaries.lock().expect("feed lock").pop_front()
     }
 }

@@ -145,6 +145,30 @@ pub trait Sink: Send + Sync + fmt::Debug {
         position: &str,
     ) -> Result<(), SinkError>;
 
+    /// Whether the sink stages parts of a transaction into `table`
+    /// ([`Sink::stage`]). A transaction larger than `max_batch_rows` then
+    /// reaches it in parts as they arrive, so memory stays bounded by the
+    /// batch size; other tables receive such a transaction whole, in one
+    /// batch.
+    fn stages_transactions(&self, _table: &TargetTable) -> bool {
+        false
+    }
+
+    /// Writes `batch`, a part of a transaction that continues in later
+    /// batches, where neither readers nor [`Sink::committed_position`] see
+    /// it. The next [`Sink::commit`] of the table makes every staged part
+    /// visible with its own batch, atomically, in order (a later part's
+    /// change of a key supersedes an earlier one's). Staged parts that no
+    /// commit followed (a crash, a failed commit) are discarded by the next
+    /// [`Sink::ensure_table`]. Only called when
+    /// [`Sink::stages_transactions`] is true.
+    async fn stage(&self, table: &TargetTable, _batch: &SinkBatch) -> Result<(), SinkError> {
+        Err(SinkError::Unavailable(format!(
+            "table {}: this sink kind cannot stage part of a transaction",
+            table.display_name()
+        )))
+    }
+
     /// What the sink does besides committing batches (e.g. Iceberg table
     /// maintenance), for `plan --explain`: a setting that takes effect
     /// shows in the plan. `None` when nothing.

@@ -68,6 +68,14 @@ pub struct SourceBatch {
     /// progress as of `end` (committed with the table's rows). Empty for
     /// sources without a snapshot.
     pub snapshot: Vec<(Vec<String>, SnapshotProgress)>,
+    /// The batch ends inside a transaction larger than the batch size: it
+    /// holds the transaction's rows so far (after any whole transactions
+    /// before it), and more follow. `end` is then a position inside that
+    /// transaction (every route not holding the transaction is before it),
+    /// never one to commit; the batch that closes the transaction ends at
+    /// its end. Only a source that can tell a transaction's rows before its
+    /// end sends these (Postgres).
+    pub open_transaction: bool,
 }
 
 /// What a source needs to start.

@@ -154,7 +154,10 @@ impl ExecutionPlan for ChangeScanExec {
         };
         let feed = Arc::clone(&self.feed);
         let stream = tokio_stream_from(receiver).map(move |rb| {
-            feed.push_boundary(rb.end);
+            feed.push_boundary(crate::feed::Boundary {
+                end: rb.end,
+                open_transaction: rb.open_transaction,
+            });
             Ok(rb.batch)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(

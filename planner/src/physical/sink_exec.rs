@@ -1,7 +1,9 @@
 //! `<Kind>SinkExec`: the one batch loop every sink shares. For each batch it
 //! receives, in order, it hands the rows to the sink with the position the
 //! source batch ends at; a batch the sink cannot write stops the route (the
-//! error names table, position and cause) — nothing is skipped.
+//! error names table, position and cause) — nothing is skipped. A part of a
+//! transaction that continues ([`crate::feed::Boundary::open_transaction`])
+//! is staged instead, and reports no commit.
 
 use std::any::Any;
 use std::fmt;
@@ -189,9 +191,13 @@ impl ExecutionPlan for SinkExec {
         let skip_deletes = self.skip_deletes;
         let out_schema = self.schema();
         let stats_schema = Arc::clone(&out_schema);
+        // Rows and deletes staged since the last commit: the commit that
+        // closes their transaction reports them.
+        let staged = Arc::new(std::sync::Mutex::new((0u64, 0u64)));
         // `then` runs one commit at a time: commits of a table are serialized
         // and in position order.
         let stream = input.then(move |batch| {
+            let staged = Arc::clone(&staged);
             let sink = Arc::clone(&sink);
             let target = Arc::clone(&target);
             let feed = Arc::clone(&feed);
@@ -199,11 +205,31 @@ impl ExecutionPlan for SinkExec {
             let stats_schema = Arc::clone(&stats_schema);
             async move {
                 let batch = batch?;
-                let Some(position) = feed.pop_boundary() else {
+                let Some(boundary) = feed.pop_boundary() else {
                     return internal_err!("a batch reached the sink without its position");
                 };
                 let sink_batch = to_sink_batch(&batch, &target_schema, target.mode, skip_deletes)?;
                 let table = target.display_name();
+                if boundary.open_transaction {
+                    // A part of a transaction that goes on: staged, and
+                    // committed by the batch that closes it (no commit to
+                    // report yet).
+                    sink.stage(&target, &sink_batch).await.map_err(|cause| {
+                        DataFusionError::External(Box::new(SinkCommitError {
+                            table: table.clone(),
+                            position: format!(
+                                "{} (a staged part of an open transaction)",
+                                boundary.end
+                            ),
+                            cause,
+                        }))
+                    })?;
+                    let mut counts = staged.lock().expect("staged counts");
+                    counts.0 += sink_batch.rows.num_rows() as u64;
+                    counts.1 += sink_batch.delete_count() as u64;
+                    return Ok(RecordBatch::new_empty(stats_schema));
+                }
+                let position = boundary.end;
                 let started = std::time::Instant::now();
                 sink.commit(&target, &sink_batch, &position)
                     .await
@@ -214,8 +240,10 @@ impl ExecutionPlan for SinkExec {
                             cause,
                         }))
                     })?;
-                let rows = sink_batch.rows.num_rows() as u64;
-                let deletes = sink_batch.delete_count() as u64;
+                let (staged_rows, staged_deletes) =
+                    std::mem::take(&mut *staged.lock().expect("staged counts"));
+                let rows = sink_batch.rows.num_rows() as u64 + staged_rows;
+                let deletes = sink_batch.delete_count() as u64 + staged_deletes;
                 Ok(RecordBatch::try_new(
                     stats_schema,
                     vec![

@@ -80,6 +80,22 @@ pub enum FaultPoint {
     MidApply,
 }
 
+/// What a run has staged of an open transaction (a transaction larger than
+/// a batch, handed over in parts): in memory only, since a crash discards
+/// the parts (recovery removes the uncommitted journal; fast mode's
+/// documents are written again by the replay).
+#[derive(Debug, Default, Clone)]
+pub struct Staged {
+    /// Rows of the transaction's earlier parts: an append route's document
+    /// keys count on from them, so they do not depend on where the parts
+    /// were cut.
+    pub rows: usize,
+    /// Journal chunks staged for the next batch (atomic mode).
+    pub chunks: u32,
+    /// Documents in them.
+    pub documents: u64,
+}
+
 /// One document write: a body to put under `key`, or its removal.
 #[derive(Debug, Clone)]
 pub struct Doc {
@@ -125,10 +141,14 @@ pub fn documents(
             })?
         }
         WriteMode::Append => {
-            // The position this batch follows, and the change's index.
+            // The position this batch follows, and the change's index
+            // (counting on over the parts of a transaction).
             let after =
                 append_key_prefix(&state.control.resume(target.workers).unwrap_or_default());
-            (0..rows).map(|i| format!("[{after},{i}]")).collect()
+            let first = state.staged.rows;
+            (first..first + rows)
+                .map(|i| format!("[{after},{i}]"))
+                .collect()
         }
     };
     if let Some(k) = keys.iter().find(|k| k.len() > MAX_KEY_BYTES) {
@@ -313,6 +333,52 @@ pub async fn fast(
     Ok(())
 }
 
+/// fast, a part of an open transaction: its documents only (the control
+/// document moves with the transaction's last batch).
+pub async fn fast_part(config: &Config, s: &TableState, docs: &[Doc]) -> Result<(), SinkError> {
+    write_all(config, &s.collection, &s.name, docs).await
+}
+
+/// atomic, a part of an open transaction: its documents go into the next
+/// batch's journal, after the chunks staged before it. The batch that
+/// closes the transaction adds its own chunks and commits them all.
+pub async fn stage_part(
+    config: &Config,
+    s: &mut TableState,
+    docs: &[Doc],
+) -> Result<(), SinkError> {
+    let batch = s.control.mark.batch + 1;
+    for body in journal_chunks(docs) {
+        let key = journal_key(None, batch, s.staged.chunks);
+        stage_chunk(config, &s.collection, &s.name, &key, &body).await?;
+        s.staged.chunks += 1;
+    }
+    s.staged.documents += docs.len() as u64;
+    Ok(())
+}
+
+/// Writes one journal chunk.
+async fn stage_chunk(
+    config: &Config,
+    coll: &Collection,
+    table: &str,
+    key: &str,
+    body: &[u8],
+) -> Result<(), SinkError> {
+    config
+        .calls
+        .run("stage a journal chunk", table, || {
+            coll.upsert_raw(
+                key,
+                body,
+                JSON_FLAGS,
+                UpsertOptions::new().durability_level(config.durability.clone()),
+            )
+        })
+        .await
+        .map(drop)
+}
+
 /// The owner of a key in a partitioned table.
 fn owner_of(key: &str, workers: u32) -> u32 {
     let h = foldhash::fast::FixedState::with_seed(0x75727574).hash_one(key);
@@ -352,6 +418,7 @@ pub async fn atomic(
     }
     if target.workers <= 1 {
         let batch = s.control.mark.batch + 1;
+        let staged = std::mem::take(&mut s.staged);
         let (control, cas) = commit_owner(
             config,
             &s.collection,
@@ -362,6 +429,7 @@ pub async fn atomic(
             position,
             fault,
             (s.control.clone(), s.cas),
+            &staged,
         )
         .await?;
         s.control = control;
@@ -381,6 +449,7 @@ pub async fn atomic(
         parts[owner_of(&d.key, target.workers) as usize].push(d);
     }
     let known = (s.control.clone(), s.cas);
+    let nothing_staged = Staged::default();
     let commits = parts.into_iter().enumerate().map(|(o, part)| {
         commit_owner(
             config,
@@ -392,6 +461,7 @@ pub async fn atomic(
             position,
             fault.take(),
             known.clone(),
+            &nothing_staged,
         )
     });
     let results = futures::future::join_all(commits).await;
@@ -427,9 +497,10 @@ async fn commit_owner(
     position: &str,
     fault: Option<FaultPoint>,
     known: (Control, Option<u64>),
+    earlier: &Staged,
 ) -> Result<(Control, u64), SinkError> {
     let injected = |p: FaultPoint| SinkError::Io(format!("injected fault {p:?} (a test)"));
-    // 1. Stage.
+    // 1. Stage (after the chunks of the transaction's earlier parts).
     let chunks = journal_chunks(&docs);
     let staged = if fault == Some(FaultPoint::AfterStaging) {
         chunks.len().div_ceil(2).max(1).min(chunks.len())
@@ -439,18 +510,8 @@ async fn commit_owner(
     // In chunk order, one at a time: what a crash leaves of a journal is
     // always a prefix 0..k, so a probe from chunk 0 finds all of it.
     for (c, body) in chunks[..staged].iter().enumerate() {
-        let key = journal_key(owner, batch, c as u32);
-        config
-            .calls
-            .run("stage a journal chunk", table, || {
-                coll.upsert_raw(
-                    &key,
-                    body,
-                    JSON_FLAGS,
-                    UpsertOptions::new().durability_level(config.durability.clone()),
-                )
-            })
-            .await?;
+        let key = journal_key(owner, batch, earlier.chunks + c as u32);
+        stage_chunk(config, coll, table, &key, body).await?;
     }
     if fault == Some(FaultPoint::AfterStaging) {
         return Err(injected(FaultPoint::AfterStaging));
@@ -466,8 +527,8 @@ async fn commit_owner(
         m.batch = batch;
         m.pending = Some(Pending {
             batch,
-            chunks: chunks.len() as u32,
-            documents: docs.len() as u64,
+            chunks: earlier.chunks + chunks.len() as u32,
+            documents: earlier.documents + docs.len() as u64,
         });
     })
     .await?;
@@ -478,6 +539,14 @@ async fn commit_owner(
     if fault == Some(FaultPoint::MidApply) {
         write_all(config, coll, table, &docs[..docs.len() / 2]).await?;
         return Err(injected(FaultPoint::MidApply));
+    }
+    // The earlier parts' documents are read back from the journal, a
+    // chunk at a time and in order (a later part's document of a key
+    // supersedes an earlier one's).
+    for c in 0..earlier.chunks {
+        let key = journal_key(owner, batch, c);
+        let docs = read_chunk(config, coll, table, &key, batch).await?;
+        write_all(config, coll, table, &docs).await?;
     }
     write_all(config, coll, table, &docs).await?;
     // 4. The superseded journal.
@@ -529,6 +598,44 @@ fn journal_chunks(docs: &[Doc]) -> Vec<Vec<u8>> {
 struct Chunk<'a> {
     #[serde(borrow)]
     entries: Vec<(String, Option<&'a RawValue>)>,
+}
+
+/// Reads back the journal chunk `key` of committed batch `batch`.
+async fn read_chunk(
+    config: &Config,
+    coll: &Collection,
+    table: &str,
+    key: &str,
+    batch: u64,
+) -> Result<Vec<Doc>, SinkError> {
+    let body = config
+        .calls
+        .run("read a journal chunk", table, || async {
+            match coll.get(key, None).await {
+                Ok(r) => Ok(Some(r.content_as_raw().0.to_vec())),
+                Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .await?
+        .ok_or_else(|| {
+            SinkError::Io(format!(
+                "couchbase: table {table}: journal chunk {key} of committed batch {batch} is missing; the collection was changed by someone else"
+            ))
+        })?;
+    let chunk: Chunk<'_> = serde_json::from_slice(&body).map_err(|e| {
+        SinkError::Io(format!(
+            "couchbase: table {table}: journal chunk {key} is not urutau's: {e}"
+        ))
+    })?;
+    Ok(chunk
+        .entries
+        .into_iter()
+        .map(|(key, body)| Doc {
+            key,
+            body: body.map(|b| b.get().as_bytes().to_vec()),
+        })
+        .collect())
 }
 
 /// Rewrites the control document with `change` applied, guarded by CAS:
@@ -671,38 +778,16 @@ pub async fn recover(
     for owner in owners {
         let mark = s.control.owner(owner).cloned().unwrap_or_default();
         if let Some(p) = &mark.pending {
-            let mut docs = Vec::with_capacity(p.documents as usize);
+            // A chunk at a time, in order: a batch may be a huge
+            // transaction's, and a later chunk supersedes an earlier one.
+            let mut documents = 0;
             for c in 0..p.chunks {
                 let key = journal_key(owner, p.batch, c);
-                let body = config
-                    .calls
-                    .run("read a journal chunk", &s.name, || async {
-                        match s.collection.get(&key, None).await {
-                            Ok(r) => Ok(Some(r.content_as_raw().0.to_vec())),
-                            Err(e) if *e.kind() == ErrorKind::DocumentNotFound => Ok(None),
-                            Err(e) => Err(e),
-                        }
-                    })
-                    .await?
-                    .ok_or_else(|| {
-                        SinkError::Io(format!(
-                            "couchbase: table {}: journal chunk {key} of committed batch {} is missing; the collection was changed by someone else",
-                            s.name, p.batch
-                        ))
-                    })?;
-                let chunk: Chunk<'_> = serde_json::from_slice(&body).map_err(|e| {
-                    SinkError::Io(format!(
-                        "couchbase: table {}: journal chunk {key} is not urutau's: {e}",
-                        s.name
-                    ))
-                })?;
-                docs.extend(chunk.entries.into_iter().map(|(key, body)| Doc {
-                    key,
-                    body: body.map(|b| b.get().as_bytes().to_vec()),
-                }));
+                let docs = read_chunk(config, &s.collection, &s.name, &key, p.batch).await?;
+                write_all(config, &s.collection, &s.name, &docs).await?;
+                documents += docs.len();
             }
-            write_all(config, &s.collection, &s.name, &docs).await?;
-            tracing::info!(table = %s.name, batch = p.batch, documents = docs.len(), "applied the committed batch's journal again (recovery)");
+            tracing::info!(table = %s.name, batch = p.batch, documents, "applied the committed batch's journal again (recovery)");
             // A crash may have left the superseded journal ...
             if p.batch > 1 {
                 remove_journal(config, &s.collection, &s.name, owner, p.batch - 1, None).await?;

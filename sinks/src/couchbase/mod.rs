@@ -264,6 +264,8 @@ struct TableState {
     /// The control document as last read or written, with its CAS.
     control: control::Control,
     cas: Option<u64>,
+    /// What this run staged of an open transaction ([`commit::Staged`]).
+    staged: commit::Staged,
 }
 
 /// The Couchbase sink.
@@ -374,6 +376,7 @@ impl Sink for CouchbaseSink {
             name: table,
             control,
             cas,
+            staged: commit::Staged::default(),
         };
         commit::recover(&self.config, &mut state, target.workers, self.config.mode).await?;
         self.tables
@@ -426,6 +429,7 @@ impl Sink for CouchbaseSink {
         let state = self.state(target).await?;
         let mut s = state.lock().await;
         let docs = commit::documents(target, batch, &s)?;
+        s.staged.rows = 0;
         match self.config.mode {
             CommitMode::Fast => commit::fast(&self.config, &mut s, docs, position).await,
             CommitMode::Atomic => {
@@ -439,6 +443,24 @@ impl Sink for CouchbaseSink {
                 )
                 .await
             }
+        }
+    }
+
+    /// Fast mode writes a part's documents at once (as a replayed batch
+    /// would be, idempotently); atomic mode stages them in the batch's
+    /// journal, unless the table is partitioned among owners.
+    fn stages_transactions(&self, table: &TargetTable) -> bool {
+        self.config.mode == CommitMode::Fast || table.workers <= 1
+    }
+
+    async fn stage(&self, target: &TargetTable, batch: &SinkBatch) -> Result<(), SinkError> {
+        let state = self.state(target).await?;
+        let mut s = state.lock().await;
+        let docs = commit::documents(target, batch, &s)?;
+        s.staged.rows += batch.rows.num_rows();
+        match self.config.mode {
+            CommitMode::Fast => commit::fast_part(&self.config, &s, &docs).await,
+            CommitMode::Atomic => commit::stage_part(&self.config, &mut s, &docs).await,
         }
     }
 

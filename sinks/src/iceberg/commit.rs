@@ -17,6 +17,19 @@
 //! the manifest-list writer, `Snapshot::builder`, and `TableMetadata`'s
 //! builder; the catalog then swaps the metadata location.
 //!
+//! A transaction larger than a batch arrives in parts
+//! ([`urutau_planner::sink::Sink::stage`]). Each part is a snapshot of its
+//! own on the branch [`STAGING_BRANCH`], so a later part's equality deletes
+//! (higher sequence number) remove an earlier part's images of the same
+//! keys, exactly as between batches. Readers and the committed position
+//! follow `main`, which does not move until the transaction's last batch:
+//! that snapshot's parent is the branch's head, and one metadata update
+//! moves `main` to it, sets the position and removes the branch. Memory
+//! stays bounded by the batch size, and the transaction still lands at
+//! once. A branch left by a crash is removed when the table is next
+//! prepared ([`discard_staging`]); its snapshots are then on no branch, and
+//! expiry and orphan cleanup reclaim them.
+//!
 //! Retries: only the catalog swap is retried (the files stay written). Each
 //! snapshot records a commit id in its summary; after an error whose
 //! outcome is unknown (a lost response), the reloaded table is searched for
@@ -39,6 +52,9 @@ use urutau_planner::sink::SinkError;
 use super::compaction::LiveFile;
 use super::io_error;
 use super::manifest_merge::merge_manifests;
+
+/// The branch the parts of an open transaction are staged on.
+pub const STAGING_BRANCH: &str = "urutau-staging";
 
 /// Table property and snapshot summary key of the committed position.
 pub const POSITION_KEY: &str = "cdc.position";
@@ -92,6 +108,10 @@ pub struct RowDelta {
     pub delete_spec: PartitionSpecRef,
     pub position: String,
     pub commit_id: String,
+    /// A part of an open transaction: added to [`STAGING_BRANCH`], with no
+    /// position. Otherwise the commit onto `main` (closing any staged
+    /// parts).
+    pub staged: bool,
 }
 
 fn new_snapshot_id(md: &TableMetadata) -> i64 {
@@ -162,12 +182,21 @@ pub(super) struct NewSnapshot<'a> {
 
 impl<'a> NewSnapshot<'a> {
     fn new(table: &'a Table, err: fn(iceberg::Error) -> SinkError) -> Self {
+        Self::after(table, table.metadata().current_snapshot_id(), err)
+    }
+
+    /// A snapshot whose parent is `parent_id` (a branch's head).
+    fn after(
+        table: &'a Table,
+        parent_id: Option<i64>,
+        err: fn(iceberg::Error) -> SinkError,
+    ) -> Self {
         let md = table.metadata();
         NewSnapshot {
             table,
             id: new_snapshot_id(md),
             seq: md.next_sequence_number(),
-            parent_id: md.current_snapshot_id(),
+            parent_id,
             commit: uuid::Uuid::now_v7(),
             err,
         }
@@ -308,8 +337,10 @@ fn snapshot_error(e: iceberg::Error) -> SinkError {
 }
 
 /// New metadata for `table` with the row delta as the main branch's new
-/// snapshot and `cdc.position` set. Writes the manifests and the manifest
-/// list; the catalog commits the result (its `changes` are the updates).
+/// snapshot and `cdc.position` set (or, for a staged part, as the staging
+/// branch's). Builds on the staging branch's head when there is one.
+/// Writes the manifests and the manifest list; the catalog commits the
+/// result (its `changes` are the updates).
 pub async fn build_row_delta(
     table: &Table,
     delta: &RowDelta,
@@ -317,8 +348,9 @@ pub async fn build_row_delta(
     let md = table.metadata();
     let schema = md.current_schema().clone();
     let spec = md.default_partition_spec().clone();
-    let parent = md.current_snapshot();
-    let snap = NewSnapshot::new(table, snapshot_error);
+    let staging = md.snapshot_for_ref(STAGING_BRANCH);
+    let parent = staging.or(md.current_snapshot());
+    let snap = NewSnapshot::after(table, parent.map(|p| p.snapshot_id()), snapshot_error);
 
     let mut collector = SnapshotSummaryCollector::default();
     collector.set_partition_summary_limit(0);
@@ -331,7 +363,9 @@ pub async fn build_row_delta(
     let mut props = collector.build();
     add_totals(&mut props, parent.map(|p| p.summary()));
     let (mark_set, mark_clear) = mark_properties(&delta.position);
-    props.extend(mark_set.clone());
+    if !delta.staged {
+        props.extend(mark_set.clone());
+    }
     props.insert(COMMIT_ID_KEY.to_string(), delta.commit_id.clone());
     let operation = match (delta.data_files.is_empty(), delta.delete_files.is_empty()) {
         (false, true) => Operation::Append,
@@ -394,12 +428,37 @@ pub async fn build_row_delta(
         .chain(carried)
         .collect();
     let snapshot = snap.finish(manifests, operation, props).await?;
+    if delta.staged {
+        return next_metadata(table)
+            .and_then(|b| b.set_branch_snapshot(snapshot, STAGING_BRANCH))
+            .and_then(|b| b.build())
+            .map_err(snapshot_error);
+    }
     next_metadata(table)
         .and_then(|b| b.set_branch_snapshot(snapshot, MAIN_BRANCH))
+        .map(|b| match staging {
+            Some(_) => b.remove_ref(STAGING_BRANCH),
+            None => b,
+        })
         .and_then(|b| b.set_properties(mark_set))
         .and_then(|b| b.remove_properties(&mark_clear))
         .and_then(|b| b.build())
         .map_err(snapshot_error)
+}
+
+/// Whether `md` holds parts of a transaction staged by a run that did not
+/// commit them.
+pub fn has_staging(md: &TableMetadata) -> bool {
+    md.snapshot_for_ref(STAGING_BRANCH).is_some()
+}
+
+/// New metadata without the staging branch: its parts are discarded (the
+/// transaction is read again from the committed position).
+pub fn discard_staging(table: &Table) -> Result<TableMetadataBuildResult, SinkError> {
+    next_metadata(table)
+        .map(|b| b.remove_ref(STAGING_BRANCH))
+        .and_then(|b| b.build())
+        .map_err(io_error("removing the staging branch"))
 }
 
 fn compaction_error(e: iceberg::Error) -> SinkError {
@@ -557,9 +616,11 @@ pub fn committed_table(
         .map_err(&err)
 }
 
-/// Whether the main branch's history already holds the commit `id`.
+/// Whether the main branch's history, or the staging branch's, already
+/// holds the commit `id`.
 pub fn holds_commit(md: &TableMetadata, id: &str) -> bool {
-    ancestry(md).any(|s| {
+    let staged = md.snapshot_for_ref(STAGING_BRANCH).map(|s| s.snapshot_id());
+    ancestry(md).chain(ancestry_from(md, staged)).any(|s| {
         s.summary()
             .additional_properties
             .get(COMMIT_ID_KEY)
@@ -587,7 +648,15 @@ pub async fn alive_entries(
 /// the flat snapshot list: after a rollback, snapshots no longer on the
 /// branch must not count).
 pub fn ancestry(md: &TableMetadata) -> impl Iterator<Item = &iceberg::spec::SnapshotRef> {
-    let mut next = md.current_snapshot_id();
+    ancestry_from(md, md.current_snapshot_id())
+}
+
+/// The snapshots from `head` back, following parent ids.
+fn ancestry_from(
+    md: &TableMetadata,
+    head: Option<i64>,
+) -> impl Iterator<Item = &iceberg::spec::SnapshotRef> {
+    let mut next = head;
     std::iter::from_fn(move || {
         let s = md.snapshot_by_id(next?)?;
         next = s.parent_snapshot_id();

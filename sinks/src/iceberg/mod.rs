@@ -402,6 +402,31 @@ impl IcebergSink {
             .ok_or_else(|| SinkError::Io(format!("table {ident} no longer exists in the catalog")))
     }
 
+    /// Removes the parts of a transaction an earlier run staged and did not
+    /// commit (it crashed or failed mid-transaction): the transaction is
+    /// read again from the committed position.
+    async fn discard_staging(&self, mut table: Table) -> Result<Table, SinkError> {
+        for attempt in 0..COMMIT_TRIES {
+            if !commit::has_staging(table.metadata()) {
+                return Ok(table);
+            }
+            let result = commit::discard_staging(&table)?;
+            match self.conn().await?.commit(&table, result, &[]).await {
+                Outcome::Committed(t) => {
+                    tracing::info!(table = %t.identifier(), "discarded the parts of a transaction an earlier run staged and did not commit; it is read again");
+                    return Ok(t);
+                }
+                Outcome::Conflict | Outcome::Unknown(_) => {
+                    tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
+                    table = self.reload(table.identifier()).await?;
+                }
+            }
+        }
+        Err(SinkError::Io(
+            "removing the staging branch: too many conflicts".into(),
+        ))
+    }
+
     /// Adds an unpartitioned spec to a partitioned table (for global
     /// equality deletes) unless it has one; returns the table and the spec.
     async fn delete_spec(&self, mut table: Table) -> Result<(Table, PartitionSpecRef), SinkError> {
@@ -536,6 +561,7 @@ impl Sink for IcebergSink {
                 t
             }
         };
+        let table = self.discard_staging(table).await?;
         let (table, delete_spec) = if target.mode == WriteMode::Upsert {
             self.delete_spec(table).await?
         } else {
@@ -597,11 +623,35 @@ impl Sink for IcebergSink {
         Ok(commit::committed_position(s.table.metadata()))
     }
 
+    fn stages_transactions(&self, _table: &TargetTable) -> bool {
+        true
+    }
+
+    async fn stage(&self, target: &TargetTable, batch: &SinkBatch) -> Result<(), SinkError> {
+        if batch.rows.num_rows() == 0 {
+            return Ok(());
+        }
+        self.write(target, batch, None).await
+    }
+
     async fn commit(
         &self,
         target: &TargetTable,
         batch: &SinkBatch,
         position: &str,
+    ) -> Result<(), SinkError> {
+        self.write(target, batch, Some(position)).await
+    }
+}
+
+impl IcebergSink {
+    /// Commits `batch` with `position` onto `main` (with the parts staged
+    /// before it), or stages it (`None`: a part of an open transaction).
+    async fn write(
+        &self,
+        target: &TargetTable,
+        batch: &SinkBatch,
+        position: Option<&str>,
     ) -> Result<(), SinkError> {
         let state = self.state(target).await?;
         let mut s = state.lock().await;
@@ -609,18 +659,40 @@ impl Sink for IcebergSink {
             data_files: vec![],
             delete_files: vec![],
             delete_spec: s.delete_spec.clone(),
-            position: position.to_string(),
+            position: position.unwrap_or_default().to_string(),
             commit_id: uuid::Uuid::now_v7().to_string(),
+            staged: position.is_none(),
         };
-        if batch.rows.num_rows() == 0 {
+        if batch.rows.num_rows() == 0 && !commit::has_staging(s.table.metadata()) {
             // Progress without changes: no files, no snapshot.
-            if commit::committed_position(s.table.metadata()).as_deref() == Some(position) {
+            if commit::committed_position(s.table.metadata()).as_deref() == position {
                 return Ok(());
             }
             self.commit_with_retries(&mut s, &delta, true).await?;
             self.maintain(&mut s).await;
             return Ok(());
         }
+        if batch.rows.num_rows() > 0 {
+            self.write_files(target, &s, batch, &mut delta).await?;
+        }
+        self.commit_with_retries(&mut s, &delta, false).await?;
+        // Maintenance rewrites `main` only: it waits for the transaction's
+        // end.
+        if !delta.staged {
+            self.maintain(&mut s).await;
+        }
+        Ok(())
+    }
+
+    /// Writes the batch's data files (and, upserting, its equality-delete
+    /// file) into `delta`.
+    async fn write_files(
+        &self,
+        target: &TargetTable,
+        s: &TableState,
+        batch: &SinkBatch,
+        delta: &mut RowDelta,
+    ) -> Result<(), SinkError> {
         let rows = conform_by_name(&batch.rows, &s.arrow).map_err(SinkError::Rejected)?;
         let mut deletes = None;
         let data = match target.mode {
@@ -653,8 +725,6 @@ impl Sink for IcebergSink {
                 .await
                 .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))??;
         }
-        self.commit_with_retries(&mut s, &delta, false).await?;
-        self.maintain(&mut s).await;
         Ok(())
     }
 }

@@ -148,6 +148,7 @@ impl Assembler {
             tables,
             end: Position::File(end.clone()),
             snapshot: Vec::new(),
+            open_transaction: false,
         })
     }
 }

@@ -215,6 +215,7 @@ impl MessageDecoder {
             tables,
             end: Position::Offsets(raw.end.clone()),
             snapshot: Vec::new(),
+            open_transaction: false,
         })
     }
 

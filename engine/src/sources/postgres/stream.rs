@@ -343,6 +343,14 @@ struct Assembler {
     relations: HashMap<u32, Option<Binding>>,
     in_tx: bool,
     commit_ts: Option<i64>,
+    /// The open transaction's commit LSN (its Begin's final LSN).
+    tx_final: u64,
+    /// The open transaction was handed over in parts (it outgrew the batch
+    /// size): its rows are labelled [`Self::split_label`].
+    tx_split: bool,
+    /// A transaction handed over in parts has committed: the batch that
+    /// closes it is due.
+    split_closed: bool,
     tx_rows: usize,
     batch_rows: usize,
     batch_opened: Option<Instant>,
@@ -397,6 +405,9 @@ impl Assembler {
             relations: HashMap::new(),
             in_tx: false,
             commit_ts: None,
+            tx_final: 0,
+            tx_split: false,
+            split_closed: false,
             tx_rows: 0,
             batch_rows: 0,
             batch_opened: None,
@@ -643,16 +654,82 @@ impl Assembler {
         Ok(())
     }
 
+    /// A transaction whose commit LSN is `final_lsn` begins.
+    fn begin(&mut self, final_lsn: u64, commit_ts: i64) {
+        self.in_tx = true;
+        self.tx_final = final_lsn;
+        self.tx_split = false;
+        self.commit_ts = Some(commit_ts);
+    }
+
+    /// The position inside the open transaction that its rows carry when
+    /// it is handed over in parts, since its end is not known before its
+    /// last row: its commit LSN + 1. That lies after the end of every
+    /// transaction before it and at or before its own end, so a route
+    /// holding this transaction holds that position and one that does not
+    /// is before it (what resuming compares rows by).
+    fn split_label(&self) -> Position {
+        Position::Lsn(self.tx_final + 1)
+    }
+
+    /// Whether the open transaction should be handed over in part now: it
+    /// (with what is waiting before it) has reached the batch size, and no
+    /// snapshot chunk is waiting for its high watermark (its rows are
+    /// reconciled against the window's changes when it closes; the window
+    /// spans one chunk's read, so holding a transaction through it is
+    /// rare and bounded by its end).
+    fn part_due(&self, max_rows: usize) -> bool {
+        self.in_tx && self.window.is_none() && self.tx_rows + self.batch_rows >= max_rows.max(1)
+    }
+
+    /// The rows built so far, the open transaction's included, as a batch
+    /// whose transaction continues ([`SourceBatch::open_transaction`]).
+    fn take_part(&mut self) -> Result<SourceBatch, SourceError> {
+        let label = self.split_label();
+        let text = label.to_string();
+        for b in &mut self.builders {
+            if b.context.open_rows() > 0 {
+                b.context.close_transaction(&text);
+            }
+        }
+        self.tx_split = true;
+        let mut tables = Vec::new();
+        for b in &mut self.builders {
+            if b.rows() > 0 {
+                tables.push(TableChanges {
+                    table: b.cfg.plan_table.clone(),
+                    batch: b.finish()?,
+                });
+            }
+        }
+        self.batch_rows = 0;
+        self.tx_rows = 0;
+        self.batch_opened = None;
+        self.last_emit = Instant::now();
+        Ok(SourceBatch {
+            tables,
+            end: label,
+            snapshot: self.snapshot_progress.clone(),
+            open_transaction: true,
+        })
+    }
+
     fn commit(&mut self, end_lsn: u64) {
-        let text = Position::Lsn(end_lsn).to_string();
+        let text = match self.tx_split {
+            true => self.split_label().to_string(),
+            false => Position::Lsn(end_lsn).to_string(),
+        };
         for b in &mut self.builders {
             if b.context.open_rows() > 0 {
                 b.context.close_transaction(&text);
             }
         }
         self.batch_rows += self.tx_rows;
+        // Its parts wait for this end: the next batch closes it now.
+        self.split_closed |= self.tx_split;
         self.tx_rows = 0;
         self.in_tx = false;
+        self.tx_split = false;
         self.closed_end = Some(end_lsn);
         self.received = self.received.max(end_lsn);
         if let Some(ts) = self.commit_ts {
@@ -672,6 +749,7 @@ impl Assembler {
         !self.in_tx
             && self.tx_rows == 0
             && self.batch_rows == 0
+            && !self.split_closed
             && self.window.is_none()
             && self.closed_end.is_none_or(|c| acked >= c)
     }
@@ -712,12 +790,14 @@ impl Assembler {
         self.batch_rows = 0;
         self.batch_opened = None;
         self.snapshot_moved = false;
+        self.split_closed = false;
         self.emitted_end = Some(end);
         self.last_emit = Instant::now();
         Ok(Some(SourceBatch {
             tables,
             end: Position::Lsn(end),
             snapshot: self.snapshot_progress.clone(),
+            open_transaction: false,
         }))
     }
 }
@@ -852,11 +932,10 @@ async fn stream(
             }
             Some(Ok(Some(ev))) => match ev {
                 ReplicationEvent::Begin {
-                    commit_time_micros, ..
-                } => {
-                    a.in_tx = true;
-                    a.commit_ts = Some(commit_time_micros + PG_EPOCH_MICROS);
-                }
+                    final_lsn,
+                    commit_time_micros,
+                    ..
+                } => a.begin(final_lsn.0, commit_time_micros + PG_EPOCH_MICROS),
                 ReplicationEvent::XLogData { data, .. } => {
                     let m = pgoutput::decode(&data).map_err(|e| SourceError::new(e.to_string()))?;
                     a.change(m)?;
@@ -917,11 +996,20 @@ async fn stream(
             },
         }
         if a.in_tx {
+            // A transaction larger than a batch goes on in parts, so
+            // memory stays bounded by the batch size.
+            if a.part_due(policy.max_rows) {
+                let part = a.take_part()?;
+                if tx.send(Ok(part)).await.is_err() {
+                    break;
+                }
+            }
             continue;
         }
         // Exit only when caught up AND every table is copied.
         let finished = caught_up && snapshotter.as_ref().is_none_or(|s| s.all_complete());
         let due = policy.should_close(a.batch_rows, a.batch_opened)
+            || a.split_closed
             || (a.batch_rows == 0 && a.last_emit.elapsed() >= policy.max_interval)
             || (a.snapshot_moved && a.batch_rows == 0);
         if (due || finished)

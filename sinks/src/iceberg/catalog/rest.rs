@@ -22,6 +22,7 @@ use tokio::sync::Mutex;
 use urutau_planner::sink::SinkError;
 
 use super::Outcome;
+use crate::iceberg::commit::STAGING_BRANCH;
 use crate::iceberg::io_error;
 
 /// What a REST catalog connection needs.
@@ -263,18 +264,26 @@ impl RestCatalogConn {
     }
 
     /// Posts the change with the requirements that make it atomic: the same
-    /// table, and the main branch still at the snapshot it was built on.
+    /// table, and the main branch (and the staging branch, when there is
+    /// one) still at the snapshot it was built on.
     pub async fn commit(&self, table: &Table, result: TableMetadataBuildResult) -> Outcome {
         let md = table.metadata();
+        let mut requirements = vec![
+            TableRequirement::UuidMatch { uuid: md.uuid() },
+            TableRequirement::RefSnapshotIdMatch {
+                r#ref: MAIN_BRANCH.to_string(),
+                snapshot_id: md.current_snapshot_id(),
+            },
+        ];
+        if let Some(staged) = md.snapshot_for_ref(STAGING_BRANCH) {
+            requirements.push(TableRequirement::RefSnapshotIdMatch {
+                r#ref: STAGING_BRANCH.to_string(),
+                snapshot_id: Some(staged.snapshot_id()),
+            });
+        }
         let request = CommitTableRequest {
             identifier: Some(table.identifier().clone()),
-            requirements: vec![
-                TableRequirement::UuidMatch { uuid: md.uuid() },
-                TableRequirement::RefSnapshotIdMatch {
-                    r#ref: MAIN_BRANCH.to_string(),
-                    snapshot_id: md.current_snapshot_id(),
-                },
-            ],
+            requirements,
             updates: result.changes,
         };
         let ident = table.identifier();
