@@ -693,15 +693,7 @@ impl Assembler {
             }
         }
         self.tx_split = true;
-        let mut tables = Vec::new();
-        for b in &mut self.builders {
-            if b.rows() > 0 {
-                tables.push(TableChanges {
-                    table: b.cfg.plan_table.clone(),
-                    batch: b.finish()?,
-                });
-            }
-        }
+        let tables = self.finish_tables()?;
         self.batch_rows = 0;
         self.tx_rows = 0;
         self.batch_opened = None;
@@ -712,6 +704,21 @@ impl Assembler {
             snapshot: self.snapshot_progress.clone(),
             open_transaction: true,
         })
+    }
+
+    /// Every table's rows built so far, as batches (tables without rows
+    /// left out).
+    fn finish_tables(&mut self) -> Result<Vec<TableChanges>, SourceError> {
+        let mut tables = Vec::new();
+        for b in &mut self.builders {
+            if b.rows() > 0 {
+                tables.push(TableChanges {
+                    table: b.cfg.plan_table.clone(),
+                    batch: b.finish()?,
+                });
+            }
+        }
+        Ok(tables)
     }
 
     fn commit(&mut self, end_lsn: u64) {
@@ -778,15 +785,7 @@ impl Assembler {
         if self.batch_rows == 0 && self.emitted_end == Some(end) && !self.snapshot_moved {
             return Ok(None);
         }
-        let mut tables = Vec::new();
-        for b in &mut self.builders {
-            if b.rows() > 0 {
-                tables.push(TableChanges {
-                    table: b.cfg.plan_table.clone(),
-                    batch: b.finish()?,
-                });
-            }
-        }
+        let tables = self.finish_tables()?;
         self.batch_rows = 0;
         self.batch_opened = None;
         self.snapshot_moved = false;
