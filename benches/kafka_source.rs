@@ -42,12 +42,6 @@ const BATCH_ROWS: usize = 10_000;
 /// How long a metadata or watermark request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn harness_script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/harness")
-        .join(name)
-}
-
 /// Not there: the bench fails and says what to install (scripts/test
 /// installs it).
 fn missing(why: &str) -> ! {
@@ -66,7 +60,7 @@ struct Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         let _ = Command::new(&self.python)
-            .arg(harness_script("kafka.py"))
+            .arg(support::harness_script("kafka.py"))
             .args(["stop", "--dir"])
             .arg(&self.dir)
             .output();
@@ -77,7 +71,7 @@ impl Broker {
     fn start(python: &Path, dir: &Path) -> Option<Broker> {
         std::fs::create_dir_all(dir).unwrap();
         let out = Command::new(python)
-            .arg(harness_script("kafka.py"))
+            .arg(support::harness_script("kafka.py"))
             .args(["start", "--dir"])
             .arg(dir)
             .output()
@@ -100,7 +94,7 @@ impl Broker {
     /// A harness command against the broker; its JSON output.
     fn command(&self, args: &[&str]) -> serde_json::Value {
         let out = Command::new(&self.python)
-            .arg(harness_script("kafka.py"))
+            .arg(support::harness_script("kafka.py"))
             .args(args)
             .args(["--brokers", &self.brokers])
             .output()
@@ -117,7 +111,7 @@ impl Broker {
     /// how many.
     fn produce(&self, topic: &str, data: &Path) -> usize {
         let mut child = Command::new(&self.python)
-            .arg(harness_script("kafka.py"))
+            .arg(support::harness_script("kafka.py"))
             .args(["produce", "--brokers", &self.brokers, "--topic", topic])
             .arg("--no-offsets")
             .stdin(Stdio::piped())
@@ -262,7 +256,7 @@ fn lake_rows(runtime: &tokio::runtime::Runtime, python: &Path, dir: &Path) -> Ve
         TOPIC,
     ));
     let out = Command::new(python)
-        .arg(harness_script("iceberg_read.py"))
+        .arg(support::harness_script("iceberg_read.py"))
         .arg(&loc)
         .args(["--order-by", "id"])
         .output()
@@ -303,15 +297,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
         .max(1);
-    let python = std::env::var("URUTAU_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| "/var/tmp/urutau-test-venv/bin/python".into());
-    if !python.exists() {
-        missing(&format!(
-            "{} is missing: run tests/harness/setup",
-            python.display()
-        ));
-    }
+    let python = support::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let Some(broker) = Broker::start(&python, &dir.path().join("kafka")) else {
         return;

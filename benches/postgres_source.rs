@@ -3,7 +3,8 @@
 //! pipeline into Iceberg (SQLite catalog, local warehouse), against the
 //! ceiling `pg_recvlogical` reaches streaming the same WAL (pgoutput, the
 //! same publication) to /dev/null. Prints changes/s, the ratio and peak
-//! memory of this process.
+//! memory of this process; then DuckDB reads the table back and its digest
+//! (count and sums of every column) must equal Postgres's.
 //!
 //! `cargo bench --bench postgres_source`; `POSTGRES_BENCH_UPDATES=200000`
 //! changes the size, `POSTGRES_BENCH_TX_ROWS` the transactions' (one
@@ -197,4 +198,30 @@ fn main() {
         rate / ceiling,
         peak_rss_mib()
     );
+
+    // DuckDB reads the table back: the same digest as Postgres's.
+    let (want, loc) = runtime.block_on(async {
+        let db = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&server.uri)
+            .await
+            .unwrap();
+        let (n, ids, v, amount, notes): (i64, i64, i64, String, i64) = sqlx::query_as(
+            "SELECT count(*), sum(id)::bigint, sum(v)::bigint, sum(amount)::text, sum(length(note))::bigint FROM t",
+        )
+        .fetch_one(&db)
+        .await
+        .unwrap();
+        let loc = support::metadata_location(&dir.path().join("catalog.db"), "b", "t").await;
+        (
+            serde_json::json!({"n": n, "ids": ids, "v": v, "amount": amount, "notes": notes}),
+            loc,
+        )
+    });
+    let got = support::duckdb_select(
+        &loc,
+        "count(*) AS n, sum(id) AS ids, sum(v) AS v, CAST(sum(amount) AS VARCHAR) AS amount, sum(length(note)) AS notes",
+    );
+    assert_eq!(got, want, "DuckDB's read of the table equals Postgres");
+    println!("postgres_source: DuckDB's read equals Postgres ({want})");
 }

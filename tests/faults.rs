@@ -370,18 +370,6 @@ async fn read_items(ch: &common::ClickHouse) -> Result<Vec<Value>, String> {
         .collect())
 }
 
-/// `id, name, qty` of every item, as Postgres holds them.
-async fn source_kv(db: &PgPool) -> Vec<Value> {
-    let rows: Vec<(i64, Option<String>, Option<i32>)> =
-        sqlx::query_as("SELECT id, name, qty FROM items ORDER BY id")
-            .fetch_all(db)
-            .await
-            .unwrap();
-    rows.into_iter()
-        .map(|(id, name, qty)| serde_json::json!({"id": id, "name": name, "qty": qty}))
-        .collect()
-}
-
 /// The ClickHouse server (the harness's front over the real engine) is
 /// stopped while a Postgres run commits into it, and started again: the
 /// commits that fail meanwhile are retried from the committed positions,

@@ -1,11 +1,12 @@
 //! Transactions larger than a batch (issue 16, item 3): the Postgres source
 //! hands one over in parts as its rows arrive, so memory stays bounded by
 //! `max_batch_rows`, and the transaction still lands in one sink commit.
-//! Iceberg stages the parts on a branch that readers do not see; ClickHouse,
-//! which cannot stage, receives the transaction whole. A kill -9 while parts
-//! are staged leaves `main` and ClickHouse untouched by the transaction, and
-//! the restart ends equal to Postgres (DuckDB and the ClickHouse engine read
-//! the results back).
+//! Iceberg stages the parts on a branch that readers do not see, ClickHouse
+//! in a staging table it attaches at the end; a table that cannot stage
+//! (ClickHouse written by several workers) receives the transaction whole.
+//! A kill -9 while parts are staged leaves every table untouched by the
+//! transaction, and the restart ends equal to Postgres (DuckDB and the
+//! ClickHouse engine read the results back).
 
 mod common;
 
@@ -16,7 +17,6 @@ use std::process::{Child, Command};
 use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
-use sqlx::postgres::PgPool;
 
 /// The table's current metadata (the SQLite catalog's pointer), parsed.
 async fn metadata(dir: &std::path::Path, table: &str) -> Option<Value> {
@@ -33,22 +33,32 @@ async fn staging(dir: &std::path::Path, table: &str) -> bool {
         .is_some_and(|m| m["refs"].get("urutau-staging").is_some())
 }
 
-/// `id, name, qty` of every item, as ClickHouse holds them (`FINAL`).
-async fn clickhouse_items(ch: &common::ClickHouse) -> Vec<Value> {
-    ch.rows("SELECT id, name, qty FROM urutau_t_large.items FINAL ORDER BY id")
-        .await
+/// `id, name, qty` of every item, as ClickHouse holds them in `table`
+/// (`FINAL`).
+async fn clickhouse_items(ch: &common::ClickHouse, table: &str) -> Vec<Value> {
+    ch.rows(&format!(
+        "SELECT id, name, qty FROM urutau_t_large.{table} FINAL ORDER BY id"
+    ))
+    .await
 }
 
-/// `id, name, qty` of every item, as Postgres holds them.
-async fn source_kv(db: &PgPool) -> Vec<Value> {
-    let rows: Vec<(i64, Option<String>, Option<i32>)> =
-        sqlx::query_as("SELECT id, name, qty FROM items ORDER BY id")
-            .fetch_all(db)
-            .await
-            .unwrap();
-    rows.into_iter()
-        .map(|(id, name, qty)| serde_json::json!({"id": id, "name": name, "qty": qty}))
-        .collect()
+/// The rows of the ClickHouse table's staging table (parts of an open
+/// transaction), or `None` when there is none.
+async fn clickhouse_staged(ch: &common::ClickHouse, table: &str) -> Option<u64> {
+    let exists = ch
+        .rows(&format!(
+            "SELECT count() AS n FROM system.tables WHERE database = 'urutau_t_large' AND name = '{table}_urutau_staging'"
+        ))
+        .await;
+    if exists.first()?["n"].as_u64() != Some(1) {
+        return None;
+    }
+    ch.rows(&format!(
+        "SELECT count() AS n FROM urutau_t_large.{table}_urutau_staging"
+    ))
+    .await
+    .first()?["n"]
+        .as_u64()
 }
 
 /// One transaction of about 67k changes over both tables: 40k inserts,
@@ -75,10 +85,12 @@ fn spawn_run(pipeline: &std::path::Path, log: &std::path::Path) -> Child {
 }
 
 /// The transaction is staged part by part on the Iceberg tables' branch
-/// while the ClickHouse route holds it; kill -9 then leaves both sinks as
-/// they were before it (DuckDB reads `main`, the ClickHouse engine reads
-/// its table), and the restart lands it once: both end equal to Postgres,
-/// the branch is gone, and the slot is not acknowledged past the sinks.
+/// and in ClickHouse's staging table, while the ClickHouse route written by
+/// two workers holds it; kill -9 then leaves every table as it was before
+/// it (DuckDB reads `main`, the ClickHouse engine reads its tables), and
+/// the restart lands it once: all end equal to Postgres, the branch and
+/// the staging table are gone, and the slot is not acknowledged past the
+/// sinks.
 #[tokio::test]
 async fn a_transaction_larger_than_a_batch_is_staged_and_lands_at_once_through_kill_9() {
     let (python, dir, pg, db) = start().await;
@@ -95,6 +107,7 @@ CREATE SINK ch INTO clickhouse WITH ({options});
 CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT * FROM src.public.items;
 CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
 CREATE TABLE ch.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM src.public.items;
+CREATE TABLE ch.items_by_2 WITH (primary_key = 'id', workers = 2) AS SELECT id, name, qty FROM src.public.items;
 ",
             uri = pg.uri(),
             d = dir.path().display(),
@@ -127,17 +140,25 @@ CREATE TABLE ch.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM src
         std::fs::read_to_string(&log).unwrap()
     );
     assert!(
-        eventually(60, || async { clickhouse_items(&ch).await == before_kv }).await,
+        eventually(60, || async {
+            clickhouse_items(&ch, "items").await == before_kv
+                && clickhouse_items(&ch, "items_by_2").await == before_kv
+        })
+        .await,
         "and in ClickHouse"
     );
 
     let mut tx = db.begin().await.unwrap();
     sqlx::raw_sql(HUGE).execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();
-    let staged = eventually(120, || async { staging(dir.path(), "items").await }).await;
+    let staged = eventually(120, || async {
+        staging(dir.path(), "items").await
+            && clickhouse_staged(&ch, "items").await.unwrap_or(0) >= 2000
+    })
+    .await;
     assert!(
         staged,
-        "parts of the transaction are staged on the branch: {}",
+        "parts of the transaction are staged on the branch and in ClickHouse's staging table: {}",
         std::fs::read_to_string(&log).unwrap()
     );
     child.kill().unwrap();
@@ -146,6 +167,12 @@ CREATE TABLE ch.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM src
         staging(dir.path(), "items").await,
         "killed while parts were staged"
     );
+    assert!(clickhouse_staged(&ch, "items").await.is_some());
+    assert_eq!(
+        clickhouse_staged(&ch, "items_by_2").await,
+        None,
+        "two workers hold the transaction, they do not stage it"
+    );
 
     // Nothing of the transaction is visible: `main` and ClickHouse hold
     // what they held before it.
@@ -153,7 +180,8 @@ CREATE TABLE ch.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM src
         .await
         .unwrap();
     assert_eq!(common::duckdb_rows(&python, &loc, "id"), before_items);
-    assert_eq!(clickhouse_items(&ch).await, before_kv);
+    assert_eq!(clickhouse_items(&ch, "items").await, before_kv);
+    assert_eq!(clickhouse_items(&ch, "items_by_2").await, before_kv);
 
     // The restart discards the staged parts and lands the transaction.
     run_to_end(&p);
@@ -168,7 +196,29 @@ CREATE TABLE ch.items WITH (primary_key = 'id') AS SELECT id, name, qty FROM src
         common::duckdb_rows(&python, &loc, "id"),
         source_events(&db).await
     );
-    assert_eq!(clickhouse_items(&ch).await, source_kv(&db).await);
+    let want = source_kv(&db).await;
+    assert_eq!(clickhouse_items(&ch, "items").await, want);
+    assert_eq!(clickhouse_items(&ch, "items_by_2").await, want);
+    assert_eq!(
+        clickhouse_staged(&ch, "items").await,
+        None,
+        "the staging table is gone"
+    );
+    // ClickHouse got the transaction's keys in parts (one `seq` each),
+    // attached at once.
+    let seqs = |table: &'static str| {
+        let ch = &ch;
+        async move {
+            ch.rows(&format!(
+                "SELECT uniqExact(seq) AS n FROM urutau_t_large.{table} FINAL WHERE id >= 10000000"
+            ))
+            .await[0]["n"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    let parts = seqs("items").await;
+    assert!(parts >= 10, "{parts} parts attached");
     assert_slot_not_ahead(&db, dir.path()).await;
 
     // One snapshot of `main` holds the whole transaction: its parent is

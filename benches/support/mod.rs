@@ -134,6 +134,45 @@ pub async fn metadata_location(db: &std::path::Path, namespace: &str, table: &st
     row.get::<String, _>(0)
 }
 
+/// A script of the test harness (`tests/harness/NAME`).
+pub fn harness_script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/harness")
+        .join(name)
+}
+
+/// The python with the harness's readers (`URUTAU_TEST_PYTHON`, else the
+/// venv tests/harness/setup makes); a bench without it fails and says so.
+pub fn harness_python() -> std::path::PathBuf {
+    let python = std::env::var("URUTAU_TEST_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| "/var/tmp/urutau-test-venv/bin/python".into());
+    assert!(
+        python.exists(),
+        "{} is missing: run tests/harness/setup (scripts/test does)",
+        python.display()
+    );
+    python
+}
+
+/// DuckDB's one-row answer to `select` (SQL expressions, e.g. aggregates)
+/// over the Iceberg table whose metadata is at `metadata`: a digest of a
+/// table too big to print, read by an independent reader.
+pub fn duckdb_select(metadata: &str, select: &str) -> serde_json::Value {
+    let out = std::process::Command::new(harness_python())
+        .arg(harness_script("iceberg_read.py"))
+        .arg(metadata)
+        .args(["--select", select])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "DuckDB could not read {metadata}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Peak resident memory of this process so far (VmHWM).
 pub fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -245,6 +245,19 @@ pub async fn source_items(pool: &PgPool) -> Vec<Value> {
         .collect()
 }
 
+/// `id, name, qty` of every item, as Postgres holds them: what the
+/// ClickHouse routes of the tests write.
+pub async fn source_kv(db: &PgPool) -> Vec<Value> {
+    let rows: Vec<(i64, Option<String>, Option<i32>)> =
+        sqlx::query_as("SELECT id, name, qty FROM items ORDER BY id")
+            .fetch_all(db)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(id, name, qty)| json!({"id": id, "name": name, "qty": qty}))
+        .collect()
+}
+
 pub async fn source_events(pool: &PgPool) -> Vec<Value> {
     sqlx::query("SELECT id, item, kind FROM events ORDER BY id")
         .fetch_all(pool)
@@ -418,9 +431,33 @@ pub async fn routed_commits(db: &PgPool) -> Vec<(u64, Vec<&'static str>)> {
 /// DuckDB's harness, a work directory, a started server and a pool on it
 /// with the schema created.
 pub async fn start() -> (PathBuf, tempfile::TempDir, super::Postgres, PgPool) {
-    let python = super::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let pg = super::Postgres::start(&dir.path().join("pg"));
+    prepared(dir, pg).await
+}
+
+/// [`start`] on a server that accepts only TLS ([`super::Postgres::start_tls`]);
+/// the last item is the test CA's files ([`super::certs`]).
+pub async fn start_tls() -> (
+    PathBuf,
+    tempfile::TempDir,
+    super::Postgres,
+    PgPool,
+    serde_json::Value,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = super::certs(&dir.path().join("certs"));
+    let pg = super::Postgres::start_tls(&dir.path().join("pg"), certs["dir"].as_str().unwrap());
+    let (python, dir, pg, db) = prepared(dir, pg).await;
+    (python, dir, pg, db, certs)
+}
+
+/// The test schema and the witness slot on `pg`.
+async fn prepared(
+    dir: tempfile::TempDir,
+    pg: super::Postgres,
+) -> (PathBuf, tempfile::TempDir, super::Postgres, PgPool) {
+    let python = super::harness_python();
     let db = pool(&pg).await;
     db.execute(SCHEMA).await.unwrap();
     sqlx::query("SELECT pg_create_logical_replication_slot($1, 'test_decoding')")

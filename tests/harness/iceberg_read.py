@@ -3,6 +3,7 @@
 independent reader of what urutau's Iceberg sink wrote.
 
     python iceberg_read.py <metadata.json> [--order-by COL[,COL...]]
+    python iceberg_read.py <metadata.json> --select 'count(*) AS n, sum(v) AS v'
     python iceberg_read.py --avro-rows <file.avro>
     python iceberg_read.py --check-sequence-numbers <metadata.json>
     python iceberg_read.py --rest URI --warehouse s3://B/ --credential ID:SECRET
@@ -219,6 +220,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("metadata_json", nargs="?")
     p.add_argument("--order-by")
+    p.add_argument("--select", help="print one JSON row of these SQL expressions over the table "
+                   "(aggregates: a digest of a table too big to print)")
     p.add_argument("--rest")
     p.add_argument("--warehouse")
     p.add_argument("--credential")
@@ -252,6 +255,12 @@ def main():
         key, secret = args.credential.split(":", 1)
         s3 = (args.s3_endpoint, key, secret, args.s3_region)
     con = connect(s3)
+    if args.select:
+        rel = con.execute(f"SELECT {args.select} FROM iceberg_scan(?)", [args.metadata_json])
+        names = [d[0] for d in rel.description]
+        row = rel.fetchone()
+        print(json.dumps({n: (str(v) if isinstance(v, decimal.Decimal) else v) for n, v in zip(names, row)}))
+        return
     src = con.sql("SELECT * FROM iceberg_scan($p) LIMIT 0", params={"p": args.metadata_json})
     names, renderers, select = src.columns, [], []
     for name, t in zip(src.columns, src.types):

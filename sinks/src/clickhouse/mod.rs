@@ -14,6 +14,10 @@
 //! partition: without `partition_by` (the default) a batch lands whole or
 //! not at all; with it, per partition only (`validate` warns).
 //!
+//! A transaction larger than a batch reaches an unpartitioned single-writer
+//! table in parts, each inserted into a staging table and attached to the
+//! table at once by the commit that closes it (`staging.rs`).
+//!
 //! A failed insert whose outcome is unknown (a lost response) is looked
 //! for by its `seq` before anything else happens, so the runner never
 //! double-applies it.
@@ -36,6 +40,7 @@ pub mod ddl;
 mod insert;
 mod owners;
 mod read;
+mod staging;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -246,6 +251,8 @@ struct TableState {
     progress: Option<String>,
     /// Owners of a partitioned table (workers > 1).
     owners: Option<owners::Owners>,
+    /// The open transaction's parts in the staging table, if any.
+    staged: Option<staging::Staged>,
 }
 
 /// The ClickHouse sink.
@@ -449,18 +456,23 @@ impl Sink for ClickHouseSink {
             Some(o) => max_seq.max(o.max_seq()) + 1,
             None => max_seq + 1,
         };
-        self.tables.lock().await.insert(
-            target.display_name(),
-            Arc::new(Mutex::new(TableState {
-                client,
-                database,
-                table,
-                next_seq,
-                committed,
-                progress: None,
-                owners,
-            })),
-        );
+        let state = TableState {
+            client,
+            database,
+            table,
+            next_seq,
+            committed,
+            progress: None,
+            owners,
+            staged: None,
+        };
+        if staging::stages(target) {
+            staging::discard(&state).await?;
+        }
+        self.tables
+            .lock()
+            .await
+            .insert(target.display_name(), Arc::new(Mutex::new(state)));
         Ok(())
     }
 
@@ -511,6 +523,9 @@ impl Sink for ClickHouseSink {
     ) -> Result<(), SinkError> {
         let state = self.state(target).await?;
         let mut s = state.lock().await;
+        if let Some(staged) = s.staged {
+            return staging::commit(&mut s, staged, batch, position).await;
+        }
         if batch.rows.num_rows() == 0 {
             // Nothing to write; see the module docs for why memory is enough.
             s.progress = Some(position.to_string());
@@ -526,6 +541,16 @@ impl Sink for ClickHouseSink {
         s.committed = Some(position.to_string());
         s.progress = None;
         Ok(())
+    }
+
+    fn stages_transactions(&self, target: &TargetTable) -> bool {
+        staging::stages(target)
+    }
+
+    async fn stage(&self, target: &TargetTable, batch: &SinkBatch) -> Result<(), SinkError> {
+        let state = self.state(target).await?;
+        let mut s = state.lock().await;
+        staging::stage_part(&mut s, batch).await
     }
 }
 
