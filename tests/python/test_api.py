@@ -138,9 +138,11 @@ class TestPipeline(unittest.TestCase):
         self.assertIn("cannot read the file", str(caught.exception))
 
     def test_runtime_failures_raise_run_error_and_secrets_stay_hidden(self):
+        # A refused connection is transient and retried: a 2 s budget ends
+        # the run quickly (the default is 5 minutes).
         text = self.text.replace(
             "catalog   = 'sql',\n  uri       = 'sqlite://warehouse/catalog.db',",
-            "catalog = 'rest', uri = 'http://127.0.0.1:1/catalog', client_id = 'u', client_secret = 't0psecretpw',",
+            "catalog = 'rest', uri = 'http://127.0.0.1:1/catalog', client_id = 'u', client_secret = 't0psecretpw', retry_timeout = '2s',",
         )
         self.assertNotEqual(text, self.text)
         p = urutau.Pipeline.from_sql(text, base_dir=self.work)
@@ -175,6 +177,9 @@ class TestPipeline(unittest.TestCase):
 
     def test_an_interrupt_stops_a_run_after_the_commit_in_flight(self):
         p = urutau.Pipeline.from_sql(self.text, base_dir=self.work)
+        # Python leaves SIGINT ignored when it started ignoring it (a
+        # background job of a non-interactive shell): make it an interrupt.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         main = threading.main_thread().ident
         timer = threading.Timer(1.5, lambda: signal.pthread_kill(main, signal.SIGINT))
         timer.start()
