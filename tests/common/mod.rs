@@ -128,6 +128,19 @@ pub fn run_to_end(pipeline: &std::path::Path) -> std::process::Output {
     out
 }
 
+/// The harness's own test CA and certificates (tests/harness/certs.py),
+/// made in `dir`: the JSON with the files' paths (`ca`, `server_cert`,
+/// `client_cert`, `client_key`, `client_user`, `other_ca`, `dir`).
+pub fn certs(dir: &std::path::Path) -> serde_json::Value {
+    let out = harness(
+        "python3",
+        "certs.py",
+        &["make", "--dir", dir.to_str().unwrap()],
+        "making the test CA (needs the openssl command)",
+    );
+    serde_json::from_slice(&out).unwrap()
+}
+
 /// A script of the test harness (tests/harness/).
 pub fn harness_script(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -433,11 +446,24 @@ pub struct Postgres {
 
 impl Postgres {
     pub fn start(dir: &std::path::Path) -> Postgres {
+        Postgres::start_with(dir, &[])
+    }
+
+    /// A server that accepts TCP connections over TLS only (hostssl), its
+    /// certificate signed by the CA [`certs`] made in `certs_dir`; `postgres`
+    /// logs in by SCRAM with `info["password"]`, `urutau_md5` by md5 with
+    /// the same, `urutau_cert` by its client certificate.
+    pub fn start_tls(dir: &std::path::Path, certs_dir: &str) -> Postgres {
+        Postgres::start_with(dir, &["--tls", certs_dir])
+    }
+
+    fn start_with(dir: &std::path::Path, extra: &[&str]) -> Postgres {
         let script = harness_script("postgres.py");
         let out = std::process::Command::new("python3")
             .arg(script)
             .args(["start", "--dir"])
             .arg(dir)
+            .args(extra)
             .output()
             .expect("python3 runs");
         assert!(

@@ -4,6 +4,9 @@ for the tests: its own data directory, bound to 127.0.0.1 on a free port,
 configured for logical replication.
 
     postgres.py start --dir D      -> prints one JSON line: port, pid, dir, uri
+    postgres.py start --dir D --tls CERTS
+                                   -> the same server accepting only TLS over TCP
+                                      (see start_tls)
     postgres.py stop --dir D       -> stops it (pg_ctl stop -m fast; --mode, --timeout)
 
 initdb refuses to run as root: as root, the server runs as the `postgres`
@@ -66,13 +69,17 @@ def start(args):
             "wal_level = logical\nmax_replication_slots = 16\nmax_wal_senders = 16\nfsync = off\n"
             "synchronous_commit = off\nfull_page_writes = off\n"
         )
-    with open(os.path.join(data, "pg_hba.conf"), "a") as f:
-        f.write("host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n")
+    if args.tls:
+        tls_files(args.tls, data)
+    else:
+        with open(os.path.join(data, "pg_hba.conf"), "a") as f:
+            f.write("host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n")
     log = os.path.join(os.path.abspath(args.dir), "postgres.log")
     if os.geteuid() == 0:
         pw = pwd.getpwnam("postgres")
-        for p in (os.path.join(data, "postgresql.auto.conf"), os.path.join(data, "pg_hba.conf")):
-            os.chown(p, pw.pw_uid, pw.pw_gid)
+        for p in os.listdir(data):
+            if p.endswith(".conf") or p.startswith("tls-"):
+                os.chown(os.path.join(data, p), pw.pw_uid, pw.pw_gid)
     subprocess.run(
         as_owner([os.path.join(b, "pg_ctl"), "-D", data, "-l", log, "-w", "-t", "60", "start"]),
         check=True,
@@ -80,13 +87,62 @@ def start(args):
     )
     with open(os.path.join(data, "postmaster.pid")) as f:
         pid = int(f.readline())
-    print(json.dumps({
+    info = {
         "port": port,
         "pid": pid,
         "dir": os.path.abspath(args.dir),
         "uri": f"postgres://postgres@127.0.0.1:{port}/postgres",
         "log": log,
-    }))
+    }
+    if args.tls:
+        info.update(tls_roles(b, os.path.abspath(args.dir), port))
+    print(json.dumps(info))
+
+
+# The TLS server's roles: `postgres` and `urutau_md5` log in with a password
+# (SCRAM-SHA-256 and md5), `urutau_cert` with its client certificate.
+TLS_PASSWORD = "tls-secret-pw"
+
+
+def tls_files(certs, data):
+    """Copies the harness CA's server certificate into the data directory,
+    turns ssl on and writes a pg_hba.conf that accepts TCP connections over
+    TLS only (hostssl; plain TCP finds no line and is refused); the Unix
+    socket stays trusted for the harness itself."""
+    import shutil as sh
+    for src, dst in (("server.crt", "tls-server.crt"), ("server.key", "tls-server.key"), ("ca.crt", "tls-ca.crt")):
+        sh.copyfile(os.path.join(certs, src), os.path.join(data, dst))
+    os.chmod(os.path.join(data, "tls-server.key"), 0o600)
+    with open(os.path.join(data, "postgresql.auto.conf"), "a") as f:
+        f.write("ssl = on\nssl_cert_file = 'tls-server.crt'\nssl_key_file = 'tls-server.key'\n"
+                "ssl_ca_file = 'tls-ca.crt'\npassword_encryption = 'scram-sha-256'\n")
+    with open(os.path.join(data, "pg_hba.conf"), "w") as f:
+        f.write("local all all trust\n"
+                "hostssl all urutau_cert 127.0.0.1/32 cert\n"
+                "hostssl replication urutau_cert 127.0.0.1/32 cert\n"
+                "hostssl all urutau_md5 127.0.0.1/32 md5\n"
+                "hostssl replication urutau_md5 127.0.0.1/32 md5\n"
+                "hostssl all all 127.0.0.1/32 scram-sha-256\n"
+                "hostssl replication all 127.0.0.1/32 scram-sha-256\n")
+
+
+def tls_roles(b, socket_dir, port):
+    """Sets the passwords and makes the certificate and md5 roles (over the
+    Unix socket); returns what a test needs to connect."""
+    sql = (f"ALTER ROLE postgres PASSWORD '{TLS_PASSWORD}';"
+           "CREATE ROLE urutau_cert LOGIN SUPERUSER REPLICATION;"
+           "SET password_encryption = 'md5';"
+           f"CREATE ROLE urutau_md5 LOGIN SUPERUSER REPLICATION PASSWORD '{TLS_PASSWORD}';")
+    subprocess.run(
+        as_owner([os.path.join(b, "psql"), "-h", socket_dir, "-p", str(port), "-U", "postgres",
+                  "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql]),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return {
+        "uri": f"postgres://postgres:{TLS_PASSWORD}@127.0.0.1:{port}/postgres?sslmode=require",
+        "password": TLS_PASSWORD,
+    }
 
 
 def stop(args):
@@ -115,6 +171,7 @@ def main():
     s = sub.add_parser("start")
     s.add_argument("--dir", required=True)
     s.add_argument("--port", type=int)
+    s.add_argument("--tls", help="a directory of certs.py: accept only TLS over TCP")
     t = sub.add_parser("stop")
     t.add_argument("--dir", required=True)
     t.add_argument("--remove-dir", action="store_true")

@@ -58,13 +58,35 @@ pub fn quote_ident(name: &str) -> String {
 
 /// Connects a SQL session (the URI's credentials never reach messages; a
 /// server that is away is a transient error).
+/// `uri` is the source's effective URI ([`super::tls::effective_uri`]): its
+/// TLS settings are libpq's, read by sqlx itself.
 pub async fn connect(uri: &str) -> Result<PgConnection, SourceError> {
+    // Our words for bad TLS settings (a missing file, a certificate without
+    // its key) before sqlx's.
+    if let Ok(url) = url::Url::parse(uri) {
+        super::tls::TlsSettings::of(&url)?;
+    }
     let options: PgConnectOptions = uri.parse().map_err(|e: sqlx::Error| {
         SourceError::new(format!("the source uri: {}", redact(&e.to_string())))
     })?;
     let options = options.log_statements(tracing::log::LevelFilter::Debug);
     match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
-        Ok(connected) => connected.map_err(|e| errors::sql("connecting to Postgres", &e)),
+        Ok(Ok(conn)) => Ok(conn),
+        // rustls reports a refused certificate as an I/O error.
+        Ok(Err(e))
+            if matches!(e, sqlx::Error::Tls(_))
+                || super::tls::is_handshake_failure(&e.to_string()) =>
+        {
+            Err(super::tls::failed(
+                "connecting to Postgres",
+                uri,
+                &e.to_string(),
+            ))
+        }
+        Ok(Err(e)) => Err(super::tls::with_hint(errors::sql(
+            "connecting to Postgres",
+            &e,
+        ))),
         Err(_) => Err(SourceError::transient(format!(
             "connecting to Postgres: no answer within {}s (is the network to the server down?)",
             CONNECT_TIMEOUT.as_secs()

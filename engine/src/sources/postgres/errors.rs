@@ -28,10 +28,9 @@ fn transient_sqlstate(code: &str) -> bool {
 /// Whether a SQL session's error may pass.
 pub fn sql_is_transient(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
+        // A refused certificate reaches sqlx as an I/O error.
+        sqlx::Error::Io(io) => !super::tls::is_handshake_failure(&io.to_string()),
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|c| transient_sqlstate(&c)),
         _ => false,
     }
@@ -61,6 +60,7 @@ pub fn replication_is_transient(e: &PgWireError) -> bool {
             .nth(1)
             .map(|rest| rest.chars().take(5).collect::<String>())
             .is_some_and(|code| transient_sqlstate(&code)),
+        PgWireError::Io(io) => !super::tls::is_handshake_failure(&io.to_string()),
         other => other.is_transient(),
     }
 }

@@ -34,6 +34,7 @@ pub mod pgoutput;
 pub mod pgtypes;
 mod snapshot;
 mod stream;
+mod tls;
 
 use std::sync::Arc;
 
@@ -106,6 +107,29 @@ impl PostgresSourceProvider {
                         "what a TRUNCATE of a routed table does",
                     )
                     .default("ignore"),
+                    OptionDef::new(
+                        "sslmode",
+                        T::Enum(&[
+                            "disable",
+                            "allow",
+                            "prefer",
+                            "require",
+                            "verify-ca",
+                            "verify-full",
+                        ]),
+                        "TLS as libpq's sslmode (also in the uri's query; default prefer)",
+                    ),
+                    OptionDef::new(
+                        "sslrootcert",
+                        T::String,
+                        "the CA file that verifies the server (verify-ca, verify-full)",
+                    ),
+                    OptionDef::new(
+                        "sslcert",
+                        T::String,
+                        "a client certificate file (with sslkey; pg_hba `cert`)",
+                    ),
+                    OptionDef::new("sslkey", T::String, "the client certificate's key file"),
                     OptionDef::retry_timeout(),
                 ],
                 declares_tables: false,
@@ -136,18 +160,34 @@ impl SourceProvider for PostgresSourceProvider {
         _declared: Option<&SourceTableSpec>,
     ) -> Result<SourceTableSchema, SchemaError> {
         let t = PgTable::from_parts(&table.parts).map_err(SchemaError::Invalid)?;
-        let uri = source.options.get("uri").unwrap_or_default();
-        let mut conn = catalog::connect(uri)
+        let uri = tls::effective_uri(
+            source.options.get("uri").unwrap_or_default(),
+            &source.options,
+        )
+        .map_err(|e| SchemaError::Invalid(e.message))?;
+        let mut conn = catalog::connect(&uri)
             .await
             .map_err(|e| SchemaError::Unavailable(e.message))?;
+        tls::warn_if_unencrypted(&mut conn, &source.name.name).await;
         let schema = catalog::table_schema(&mut conn, &t).await;
         catalog::close(conn).await;
         schema
     }
 
     fn describe(&self, source: &SourceSpec) -> String {
+        let sslmode = source
+            .options
+            .get("sslmode")
+            .map(str::to_string)
+            .or_else(|| {
+                let uri = url::Url::parse(source.options.get("uri")?).ok()?;
+                uri.query_pairs()
+                    .find(|(k, _)| k == "sslmode")
+                    .map(|(_, v)| v.into_owned())
+            })
+            .unwrap_or_else(|| "prefer".into());
         format!(
-            "slot={}, snapshot={}",
+            "slot={}, snapshot={}, sslmode={sslmode}",
             source.options.get("slot").unwrap_or("?"),
             source.options.get("snapshot").unwrap_or("?")
         )

@@ -111,7 +111,7 @@ impl StreamCfg {
         Ok(StreamCfg {
             source_name: args.plan.spec.name.name.clone(),
             metrics: args.metrics.clone(),
-            uri: opts.get("uri").unwrap_or_default().to_string(),
+            uri: super::tls::effective_uri(opts.get("uri").unwrap_or_default(), opts)?,
             publication: opts
                 .get("publication")
                 .map(str::to_string)
@@ -253,18 +253,18 @@ fn replication_config(
     } else {
         decode(database)
     };
-    Ok(ReplicationConfig::new(
-        url.host_str().unwrap_or("localhost"),
-        user,
-        password,
-        database,
-        slot,
-        publication,
+    let host = url.host_str().unwrap_or("localhost");
+    let tls = super::tls::TlsSettings::of(&url)?;
+    Ok(
+        ReplicationConfig::new(host, user, password, database, slot, publication)
+            .with_port(url.port().unwrap_or(5432))
+            .with_tls(tls.replication(host))
+            // Text output the value parsers expect, whatever the server's defaults.
+            .with_options(
+                "-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=1",
+            )
+            .with_application_name("urutau"),
     )
-    .with_port(url.port().unwrap_or(5432))
-    // Text output the value parsers expect, whatever the server's defaults.
-    .with_options("-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=1")
-    .with_application_name("urutau"))
 }
 
 fn decode(text: &str) -> String {
@@ -861,7 +861,13 @@ async fn stream(
         .with_start_lsn(Lsn(start))
         .with_status_interval(Duration::from_secs(1));
     let mut client = ReplicationClient::connect(rcfg).await.map_err(|e| {
-        errors::replication(&format!("starting replication from slot {}", cfg.slot), &e)
+        let doing = format!("starting replication from slot {}", cfg.slot);
+        match &e {
+            pgwire_replication::PgWireError::Tls(text) => {
+                super::tls::failed(&doing, &cfg.uri, text)
+            }
+            _ => super::tls::with_hint(errors::replication(&doing, &e)),
+        }
     })?;
     tracing::info!(slot = %cfg.slot, start = %Position::Lsn(start), "streaming");
     cfg.metrics.source_up(&cfg.source_name);
