@@ -56,14 +56,7 @@ fn server(dir: &std::path::Path) -> Option<Server> {
             front: None,
         });
     }
-    let python = std::env::var("URUTAU_TEST_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| "/var/tmp/urutau-test-venv/bin/python".into());
-    assert!(
-        python.exists(),
-        "{} is missing: run tests/harness/setup (scripts/test does)",
-        python.display()
-    );
+    let python = support::harness_python();
     let out = std::process::Command::new(&python)
         .arg(front_script())
         .args(["start", "--path"])

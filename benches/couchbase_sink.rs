@@ -80,14 +80,7 @@ fn server(dir: &std::path::Path) -> Option<Server> {
             pid: None,
         });
     }
-    let python = std::env::var("URUTAU_TEST_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| "/var/tmp/urutau-test-venv/bin/python".into());
-    assert!(
-        python.exists(),
-        "{} is missing: run tests/harness/setup (scripts/test does)",
-        python.display()
-    );
+    let python = support::harness_python();
     let mut cmd = std::process::Command::new(&python);
     cmd.arg(harness_script()).args(["start", "--dir"]).arg(dir);
     if let Ok(bin) = std::env::var("URUTAU_TEST_GOCAVES") {

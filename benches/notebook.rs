@@ -15,7 +15,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -47,19 +47,6 @@ fn current_rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn harness_python() -> Option<PathBuf> {
-    let python = std::env::var("URUTAU_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| "/var/tmp/urutau-test-venv/bin/python".into());
-    if python.exists() {
-        return Some(python);
-    }
-    panic!(
-        "{} is missing: run tests/harness/setup (scripts/test does)",
-        python.display()
-    );
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("notebook: benchmark");
@@ -70,9 +57,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if full { 1_000_000 } else { 20_000 });
-    let Some(python) = harness_python() else {
-        return;
-    };
+    let python = support::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("changes.jsonl");
     let (bytes, live) = generate(&data, changes);
