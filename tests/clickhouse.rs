@@ -161,12 +161,55 @@ async fn random_upserts_with_kill_9_end_equal_to_the_oracle_under_final() {
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let ch = ClickHouse::start(&python, &dir.path().join("ch"));
+    upserts_through_kill_9_equal_the_oracle(&ch, dir.path()).await;
+}
+
+/// The same suite over https (issue 20): the front serves a certificate of
+/// the harness's test CA and the sink trusts it by `ca_cert`. A sink told
+/// to trust another CA stops at once (exit 1) saying what to set, with no
+/// password in its words.
+#[tokio::test]
+async fn random_upserts_over_https_with_the_test_ca_end_equal_under_final() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = common::certs(&dir.path().join("certs"));
+    let ch = ClickHouse::start_tls(&python, &dir.path().join("ch"), &certs);
+    assert!(ch.url.starts_with("https://"), "{}", ch.url);
+    upserts_through_kill_9_equal_the_oracle(&ch, dir.path()).await;
+
+    let other = certs["other_ca"].as_str().unwrap();
+    let data = dir.path().join("other.jsonl");
+    std::fs::write(&data, "").unwrap();
+    let p = pipeline(
+        dir.path(),
+        &data,
+        &ch,
+        "urutau_t_up_other",
+        "primary_key = 'id'",
+        100,
+    );
+    let text = std::fs::read_to_string(&p).unwrap();
+    let ca = certs["ca"].as_str().unwrap();
+    std::fs::write(&p, text.replace(ca, other)).unwrap();
+    let out = urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("not signed by a CA the sink trusts: set ca_cert"),
+        "{said}"
+    );
+    assert!(!said.contains(&ch.password), "{said}");
+}
+
+/// The kill -9 oracle on `ch`, database `urutau_t_up`, and what ClickHouse
+/// adds to it.
+async fn upserts_through_kill_9_equal_the_oracle(ch: &ClickHouse, dir: &Path) {
     ch.fresh_database("urutau_t_up").await;
     let s = UnderTest {
-        ch: &ch,
+        ch,
         db: "urutau_t_up",
     };
-    let run = conformance::kill_9_oracle(&s, dir.path(), 20261130, 50_000, 5_000, 40..400).await;
+    let run = conformance::kill_9_oracle(&s, dir, 20261130, 50_000, 5_000, 40..400).await;
     let (p, state, read) = (&run.pipeline, &run.state, &run.rows);
 
     // One position per seq, and positions grow with seq across restarts.

@@ -83,6 +83,13 @@ pub fn message_is_transient(message: &str) -> bool {
         // is "temporary failure in name resolution": transient).
         "name or service not known",
         "no address associated with hostname",
+        // A certificate either side refuses stays refused.
+        "invalid peer certificate",
+        "certificate verify failed",
+        "unknownissuer",
+        "notvalidforname",
+        "certificaterequired",
+        "badcertificate",
     ];
     const TRANSIENT: &[&str] = &[
         "connection refused",

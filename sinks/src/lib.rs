@@ -16,6 +16,7 @@ pub mod couchbase;
 pub mod debug;
 pub mod iceberg;
 pub mod memory;
+pub mod tls;
 
 use std::sync::Arc;
 

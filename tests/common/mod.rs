@@ -541,6 +541,9 @@ pub struct ClickHouse {
     /// The front's chdb data directory (the harness's, not a real server).
     dir: Option<std::path::PathBuf>,
     http: reqwest::Client,
+    /// https: the certificate and key the front serves, and the CA file
+    /// the sink is told to trust (`ca_cert`).
+    tls: Option<(String, String, String)>,
 }
 
 impl ClickHouse {
@@ -555,10 +558,39 @@ impl ClickHouse {
                 pid: None,
                 dir: None,
                 http,
+                tls: None,
             };
         }
+        Self::start_front_with(python, dir, None)
+    }
+
+    /// The harness's front over https, its certificate signed by the test
+    /// CA of [`certs`]; the sink options name that CA as `ca_cert`.
+    pub fn start_tls(
+        python: &std::path::Path,
+        dir: &std::path::Path,
+        certs: &serde_json::Value,
+    ) -> ClickHouse {
+        let file = |k: &str| certs[k].as_str().unwrap().to_string();
+        Self::start_front_with(
+            python,
+            dir,
+            Some((file("server_cert"), file("server_key"), file("ca"))),
+        )
+    }
+
+    fn start_front_with(
+        python: &std::path::Path,
+        dir: &std::path::Path,
+        tls: Option<(String, String, String)>,
+    ) -> ClickHouse {
         let (user, password) = ("urutau".to_string(), "ch-test-secret".to_string());
-        let info = Self::start_front(python, dir, &user, &password, None);
+        let info = Self::start_front(python, dir, &user, &password, None, tls.as_ref());
+        let mut http = reqwest::Client::builder();
+        if let Some((_, _, ca)) = &tls {
+            let pem = std::fs::read(ca).unwrap();
+            http = http.add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap());
+        }
         ClickHouse {
             url: info["url"].as_str().unwrap().to_string(),
             user,
@@ -566,7 +598,8 @@ impl ClickHouse {
             python: python.to_path_buf(),
             pid: info["pid"].as_u64(),
             dir: Some(dir.to_path_buf()),
-            http,
+            http: http.build().unwrap(),
+            tls,
         }
     }
 
@@ -577,17 +610,20 @@ impl ClickHouse {
         user: &str,
         password: &str,
         port: Option<u16>,
+        tls: Option<&(String, String, String)>,
     ) -> serde_json::Value {
-        let out = std::process::Command::new(python)
-            .arg(harness_script("clickhouse_front.py"))
+        let mut cmd = std::process::Command::new(python);
+        cmd.arg(harness_script("clickhouse_front.py"))
             .args(["start", "--path"])
             .arg(dir)
             .args(["--user", user, "--password", password, "--watch-pid"])
             .arg(std::process::id().to_string())
             .args(["--port", &port.unwrap_or(0).to_string()])
-            .env("TZ", "UTC")
-            .output()
-            .expect("python runs");
+            .env("TZ", "UTC");
+        if let Some((cert, key, _)) = tls {
+            cmd.args(["--tls-cert", cert, "--tls-key", key]);
+        }
+        let out = cmd.output().expect("python runs");
         assert!(
             out.status.success(),
             "the ClickHouse test front did not start: {}",
@@ -618,7 +654,14 @@ impl ClickHouse {
             .next()
             .and_then(|p| p.trim_end_matches('/').parse().ok())
             .expect("the front's URL has a port");
-        let info = Self::start_front(&self.python, &dir, &self.user, &self.password, Some(port));
+        let info = Self::start_front(
+            &self.python,
+            &dir,
+            &self.user,
+            &self.password,
+            Some(port),
+            self.tls.as_ref(),
+        );
         self.pid = info["pid"].as_u64();
     }
 
@@ -631,8 +674,12 @@ impl ClickHouse {
 
     /// The sink options that reach this server.
     pub fn sink_options(&self, database: &str) -> String {
+        let ca = match &self.tls {
+            Some((_, _, ca)) => format!(", ca_cert = '{ca}'"),
+            None => String::new(),
+        };
         format!(
-            "uri = '{}', user = '{}', password = '{}', database = '{database}'",
+            "uri = '{}', user = '{}', password = '{}', database = '{database}'{ca}",
             self.url, self.user, self.password
         )
     }

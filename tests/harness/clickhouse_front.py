@@ -18,6 +18,7 @@ Usage
       JSON line {"port", "pid", "url", "path"} on stdout when ready.
   python clickhouse_front.py start --path DIR [--port P] [--user U --password PW]
                                    [--log FILE] [--watch-pid PID]
+                                   [--tls-cert PEM --tls-key PEM]   (https)
       Start a detached server, wait until it is ready, print the same JSON
       line and exit 0.  --watch-pid makes the server exit when PID is gone.
   python clickhouse_front.py stop --pid N [--timeout S]
@@ -813,12 +814,20 @@ class FrontServer(ThreadingHTTPServer):
 def cmd_serve(args):
     engine = Engine(args.path)
     server = FrontServer((args.host, args.port), Handler)
+    scheme = "http"
+    if args.tls_cert:
+        # https: the handshake happens on the handler thread's first read.
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+        scheme = "https"
     server.engine = engine
     server.verbose = args.verbose
     server.auth_user = args.user
     server.auth_password = args.password
     port = server.server_address[1]
-    info = {"port": port, "pid": os.getpid(), "url": f"http://{args.host}:{port}",
+    info = {"port": port, "pid": os.getpid(), "url": f"{scheme}://{args.host}:{port}",
             "path": engine.path, "engine_version": engine.version}
     line = json.dumps(info)
     print(line, flush=True)
@@ -865,6 +874,8 @@ def cmd_start(args):
         cmd += ["--watch-pid", str(args.watch_pid)]
     if args.verbose:
         cmd.append("--verbose")
+    if args.tls_cert:
+        cmd += ["--tls-cert", args.tls_cert, "--tls-key", args.tls_key]
     with open(log, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                 pass_fds=(wfd,), start_new_session=True, close_fds=True)
@@ -954,6 +965,8 @@ def main(argv=None):
         sp.add_argument("--watch-pid", type=int, default=None,
                         help="exit when this process is gone")
         sp.add_argument("--verbose", action="store_true")
+        sp.add_argument("--tls-cert", default=None, help="serve https with this PEM certificate")
+        sp.add_argument("--tls-key", default=None, help="the certificate's PEM key")
         if name == "serve":
             sp.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
         else:

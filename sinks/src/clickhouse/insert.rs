@@ -92,7 +92,8 @@ pub async fn insert_once(
                 msg.trim()
             )),
             other => SinkError::Io(format!(
-                "clickhouse: inserting into {database}.{table}: {other}"
+                "clickhouse: inserting into {database}.{table}: {}",
+                super::error_text(&other)
             )),
         }),
     }

@@ -69,6 +69,11 @@ fn options() -> Vec<OptionDef> {
         OptionDef::new("user", T::String, "user name").default("default"),
         OptionDef::new("password", T::String, "password").secret(),
         OptionDef::new(
+            "ca_cert",
+            T::String,
+            "PEM file of the CA that signed the server's certificate (https; default: SSL_CERT_FILE, else the built-in web CAs)",
+        ),
+        OptionDef::new(
             "compression",
             T::Enum(&["lz4", "none"]),
             "how insert bodies travel (lz4: ClickHouse's compressed blocks)",
@@ -121,14 +126,18 @@ impl SinkProvider for ClickHouseSinkProvider {
     }
 
     fn open(&self, spec: &SinkSpec) -> Result<Arc<dyn Sink>, SinkError> {
-        Ok(Arc::new(ClickHouseSink::new(spec)))
+        Ok(Arc::new(ClickHouseSink::new(spec)?))
     }
 }
 
 /// Builds the client a sink spec describes.
-fn client_for(spec: &SinkSpec) -> Client {
+fn client_for(spec: &SinkSpec) -> Result<Client, SinkError> {
     let get = |k: &str| spec.options.get(k).map(str::to_string);
-    let mut client = Client::default()
+    let client = match crate::tls::ca_file(spec.options.get("ca_cert")) {
+        Some(ca) => https_client(&ca)?,
+        None => Client::default(),
+    };
+    let mut client = client
         .with_url(get("uri").unwrap_or_default())
         .with_user(get("user").unwrap_or_else(|| "default".into()))
         .with_compression(match get("compression").as_deref() {
@@ -138,12 +147,53 @@ fn client_for(spec: &SinkSpec) -> Client {
     if let Some(p) = get("password") {
         client = client.with_password(p);
     }
-    client
+    Ok(client)
+}
+
+/// A client over the HTTP client the `clickhouse` crate builds by default
+/// (keepalive, ClickHouse's idle timeout), trusting the CA in `ca` instead
+/// of the built-in web CAs.
+fn https_client(ca: &std::path::Path) -> Result<Client, SinkError> {
+    use hyper_util::client::legacy::{Client as HyperClient, connect::HttpConnector};
+    let config = crate::tls::client_config(crate::tls::root_store(ca)?)?;
+    let mut http = HttpConnector::new();
+    http.set_keepalive(Some(std::time::Duration::from_secs(60)));
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::with_http_client(
+        HyperClient::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(2))
+            .build(https),
+    ))
 }
 
 /// Maps a client error, with what was being done.
 fn ch_error(doing: impl std::fmt::Display, e: clickhouse::error::Error) -> SinkError {
-    SinkError::Io(format!("clickhouse: {doing}: {e}"))
+    let text = error_text(&e);
+    match crate::tls::hint(&text, "ca_cert") {
+        Some(hint) => SinkError::Io(format!("clickhouse: {doing}: {hint} ({text})")),
+        None => SinkError::Io(format!("clickhouse: {doing}: {text}")),
+    }
+}
+
+/// A client error with its causes: the client's own words ("network
+/// error: client error (Connect)") hide why, e.g. a refused certificate.
+pub(crate) fn error_text(e: &clickhouse::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Runs a statement.
@@ -273,18 +323,19 @@ impl std::fmt::Debug for ClickHouseSink {
 }
 
 impl ClickHouseSink {
-    /// A sink as `spec` configures it (connects on first use).
-    pub fn new(spec: &SinkSpec) -> Self {
-        ClickHouseSink {
+    /// A sink as `spec` configures it (connects on first use); a CA file
+    /// that cannot be read is an error.
+    pub fn new(spec: &SinkSpec) -> Result<Self, SinkError> {
+        Ok(ClickHouseSink {
             name: spec.name.name.clone(),
-            client: client_for(spec),
+            client: client_for(spec)?,
             database: spec
                 .options
                 .get("database")
                 .unwrap_or("default")
                 .to_string(),
             tables: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
     /// `(database, table)` of a target name.
@@ -572,7 +623,7 @@ pub struct CleanupOutcome {
 /// a coordinate): `OPTIMIZE TABLE .. FINAL`. Reads under `FINAL` are the
 /// same before and after.
 pub async fn cleanup(spec: &SinkSpec, target: &TargetTable) -> Result<CleanupOutcome, SinkError> {
-    let sink = ClickHouseSink::new(spec);
+    let sink = ClickHouseSink::new(spec)?;
     let (database, table) = sink.names(target)?;
     let name = format!("{database}.{table}");
     let full = format!("{}.{}", ident(&database), ident(&table));
