@@ -256,3 +256,54 @@ async fn tls_problems_are_clear_errors_without_secrets() {
         "{said}"
     );
 }
+
+/// The Iceberg SQL catalog on a TLS-only Postgres (`verify-full` with the
+/// test CA, in the catalog's URI): the source and the catalog both talk
+/// TLS to it, and DuckDB's read of the table the catalog names equals
+/// Postgres.
+#[tokio::test]
+async fn an_iceberg_sql_catalog_on_postgres_over_tls() {
+    let (python, dir, pg, db, certs) = start_tls().await;
+    prefill(&db, 500).await;
+    sqlx::raw_sql("CREATE DATABASE lake")
+        .execute(&db)
+        .await
+        .unwrap();
+    let tls = format!(
+        "sslmode=verify-full&sslrootcert={}",
+        certs["ca"].as_str().unwrap()
+    );
+    let catalog = uri(&pg, "postgres", true, &tls).replace("/postgres?", "/lake?");
+    let sink = dir.path().join("pg-catalog");
+    std::fs::create_dir_all(&sink).unwrap();
+    let p = sink.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE pg WITH (max_batch_rows = 500);
+CREATE SOURCE src FROM postgres WITH (uri = '{source}', slot = 'tls_catalog');
+CREATE SINK lake INTO iceberg WITH (uri = '{catalog}', warehouse = '{d}/wh', namespace = 'pg');
+CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT * FROM src.public.items;
+",
+            source = uri(&pg, "postgres", true, &tls),
+            d = sink.display()
+        ),
+    )
+    .unwrap();
+    run_to_end(&p);
+    let catalog_db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&catalog)
+        .await
+        .unwrap();
+    let loc: String = sqlx::query_scalar(
+        "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = 'pg' AND table_name = 'items'",
+    )
+    .fetch_one(&catalog_db)
+    .await
+    .unwrap();
+    assert_eq!(
+        common::duckdb_rows(&python, &loc, "id"),
+        source_items(&db).await
+    );
+}
