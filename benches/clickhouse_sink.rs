@@ -22,69 +22,8 @@ use arrow::array::{RecordBatch, StringArray, UInt8Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use clickhouse::Client;
 use clickhouse_ext_arrow::ArrowClientExt;
+use support::clickhouse::{Server, server};
 use support::{generate, peak_rss_mib, table_batches};
-
-/// Where the server is, and the front process to stop when we started it.
-struct Server {
-    url: String,
-    user: String,
-    password: String,
-    front: Option<(std::path::PathBuf, u64)>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some((python, pid)) = &self.front {
-            let _ = std::process::Command::new(python)
-                .arg(front_script())
-                .args(["stop", "--pid", &pid.to_string()])
-                .output();
-        }
-    }
-}
-
-fn front_script() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/clickhouse_front.py")
-}
-
-fn server(dir: &std::path::Path) -> Option<Server> {
-    if let Ok(url) = std::env::var("URUTAU_TEST_CLICKHOUSE_URL") {
-        return Some(Server {
-            url,
-            user: std::env::var("URUTAU_TEST_CLICKHOUSE_USER").unwrap_or("default".into()),
-            password: std::env::var("URUTAU_TEST_CLICKHOUSE_PASSWORD").unwrap_or_default(),
-            front: None,
-        });
-    }
-    let python = support::harness_python();
-    let out = std::process::Command::new(&python)
-        .arg(front_script())
-        .args(["start", "--path"])
-        .arg(dir)
-        .args([
-            "--user",
-            "bench",
-            "--password",
-            "bench-secret",
-            "--watch-pid",
-        ])
-        .arg(std::process::id().to_string())
-        .env("TZ", "UTC")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    Some(Server {
-        url: info["url"].as_str().unwrap().into(),
-        user: "bench".into(),
-        password: "bench-secret".into(),
-        front: Some((python, info["pid"].as_u64().unwrap())),
-    })
-}
 
 /// The ceiling: prepared batches (with the reserved columns) inserted with
 /// `insert_arrow`, one INSERT per batch, rows/s.
@@ -152,9 +91,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(if full { 1_000_000 } else { 20_000 });
     let dir = tempfile::tempdir().unwrap();
-    let Some(server) = server(&dir.path().join("ch")) else {
-        return;
-    };
+    let server = server(&dir.path().join("ch"));
     let data = dir.path().join("changes.jsonl");
     let (bytes, live) = generate(&data, changes);
     println!(

@@ -13,67 +13,12 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use sqlx::Executor;
 use support::peak_rss_mib;
-
-/// A server for the bench, stopped when dropped.
-struct Server {
-    dir: PathBuf,
-    uri: String,
-}
-
-fn harness() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/postgres.py")
-}
-
-impl Server {
-    fn start(dir: &Path) -> Option<Server> {
-        let out = Command::new("python3")
-            .arg(harness())
-            .args(["start", "--dir"])
-            .arg(dir)
-            .output()
-            .unwrap();
-        if !out.status.success() {
-            let why = String::from_utf8_lossy(&out.stderr).to_string();
-            panic!(
-                "PostgreSQL did not start (apt-get install postgresql, or run scripts/test): {why}"
-            );
-        }
-        let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        Some(Server {
-            dir: dir.to_path_buf(),
-            uri: info["uri"].as_str().unwrap().to_string(),
-        })
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = Command::new("python3")
-            .arg(harness())
-            .args(["stop", "--dir"])
-            .arg(&self.dir)
-            .output();
-    }
-}
-
-fn pg_bin(name: &str) -> PathBuf {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path().join("bin").join(name))
-                .filter(|p| p.exists())
-                .collect()
-        })
-        .unwrap_or_default();
-    found.sort();
-    found.pop().unwrap_or_else(|| PathBuf::from(name))
-}
+use support::postgres::{self, Server};
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -94,9 +39,7 @@ fn main() {
         .min(updates);
     let rows = 100_000.max(tx_rows).min(updates);
     let dir = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&dir.path().join("pg")) else {
-        return;
-    };
+    let server = Server::start(&dir.path().join("pg"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -155,7 +98,7 @@ fn main() {
 
     // The ceiling: pg_recvlogical streaming the same changes to /dev/null.
     let started = Instant::now();
-    let out = Command::new(pg_bin("pg_recvlogical"))
+    let out = Command::new(postgres::bin("pg_recvlogical"))
         .args([
             "-d",
             &server.uri,

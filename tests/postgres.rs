@@ -241,6 +241,9 @@ async fn snapshot_of_100k_rows_with_a_concurrent_writer_survives_kill_9() {
             );
             assert!(items["rows_copied"].as_u64().unwrap() > 0, "{status}");
             assert_eq!(items["done"], false, "{status}");
+            // The rate and the time left at it.
+            assert!(items["rows_per_second"].as_f64().unwrap() > 0.0, "{status}");
+            assert!(items["eta_seconds"].as_f64().unwrap() > 0.0, "{status}");
             assert_eq!(
                 status["tables"]["lake.items"]["phase"], "snapshot",
                 "{status}"
@@ -253,6 +256,8 @@ async fn snapshot_of_100k_rows_with_a_concurrent_writer_survives_kill_9() {
             for needle in [
                 "urutau_snapshot_rows_copied{table=\"public.items\"}",
                 "urutau_snapshot_rows_estimated{table=\"public.items\"}",
+                "urutau_snapshot_rows_per_second{table=\"public.items\"}",
+                "urutau_snapshot_eta_seconds{table=\"public.items\"}",
                 "urutau_table_phase{table=\"lake.items\",phase=\"snapshot\"} 1",
             ] {
                 assert!(metrics.contains(needle), "{needle} in\n{metrics}");

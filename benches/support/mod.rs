@@ -15,6 +15,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use urutau_planner::registry::Registry;
 
+pub mod clickhouse;
+pub mod postgres;
+
 /// Every source and sink kind.
 pub fn registry() -> Registry {
     urutau::registry()
@@ -244,6 +247,27 @@ pub fn table_batches(rows: usize, batch_rows: usize, tz: &str) -> Vec<RecordBatc
 /// seconds: how much of the two cores a run took, beside its wall time.
 pub fn cpu_seconds() -> f64 {
     process_cpu_seconds("self")
+}
+
+/// CPU seconds every process of the machine has used so far (user, nice,
+/// system, interrupts): with [`cpu_seconds`], what the server beside this
+/// process took.
+pub fn machine_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    let ticks: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: all but idle, iowait.
+    [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| ticks.get(i))
+        .sum::<f64>()
+        / 100.0
 }
 
 /// CPU seconds (user + system) process `pid` (`self`, or a number) has

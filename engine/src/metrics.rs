@@ -58,6 +58,10 @@ pub struct SnapshotStatus {
     pub rows_estimated: u64,
     /// Whether every chunk has been read.
     pub done: bool,
+    /// Rows copied per second in this run (after its first quarter second).
+    pub rows_per_second: Option<f64>,
+    /// Seconds left at that rate, by the estimate (0 once done).
+    pub eta_seconds: Option<f64>,
 }
 
 /// The registry (a handle: clones share the figures).
@@ -222,13 +226,12 @@ impl Metrics {
         t.commit_seconds_sum += seconds;
     }
 
-    /// A source table's snapshot progress (rows copied of the estimate).
-    pub fn snapshot_progress(&self, source_table: &str, copied: u64, estimated: u64, done: bool) {
-        let mut g = self.lock();
-        let s = g.snapshots.entry(source_table.to_string()).or_default();
-        s.rows_copied = copied;
-        s.rows_estimated = estimated;
-        s.done = done;
+    /// A source table's snapshot progress (rows copied of the estimate,
+    /// the rate and the time left).
+    pub fn snapshot_progress(&self, source_table: &str, status: SnapshotStatus) {
+        self.lock()
+            .snapshots
+            .insert(source_table.to_string(), status);
     }
 
     /// A commit failed.
@@ -405,6 +408,34 @@ impl Metrics {
                     label(t),
                     s.rows_estimated
                 )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_snapshot_rows_per_second",
+            "gauge",
+            "Rows of each source table copied per second by the initial snapshot in this run.",
+            g.snapshots.iter().filter_map(|(t, s)| {
+                s.rows_per_second.map(|r| {
+                    format!(
+                        "urutau_snapshot_rows_per_second{{table=\"{}\"}} {r:.1}",
+                        label(t)
+                    )
+                })
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_snapshot_eta_seconds",
+            "gauge",
+            "Seconds left in each source table's initial snapshot at the current rate, by the row estimate.",
+            g.snapshots.iter().filter_map(|(t, s)| {
+                s.eta_seconds.map(|e| {
+                    format!(
+                        "urutau_snapshot_eta_seconds{{table=\"{}\"}} {e:.0}",
+                        label(t)
+                    )
+                })
             }),
         );
         section(

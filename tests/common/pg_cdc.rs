@@ -52,7 +52,7 @@ CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
 pub fn snapshot_pipeline(dir: &Path, pg: &super::Postgres, items_select: &str) -> PathBuf {
     let text = format!(
         "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
-CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000);
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000, snapshot_parallelism = 2);
 CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
 CREATE TABLE lake.items WITH (primary_key = 'id') AS
   SELECT {items_select} FROM src.public.items;

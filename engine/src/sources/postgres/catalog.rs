@@ -395,14 +395,17 @@ pub fn parse_lsn(text: &str) -> Result<u64, SourceError> {
 }
 
 /// The server's current WAL position, and a logical message after it that
-/// proves the stream has passed it (`--exit-when-caught-up`).
+/// proves the stream has passed it (`--exit-when-caught-up`). The
+/// statement takes a transaction id, so its commit flushes the WAL and the
+/// walsender sends the message at once, not at the WAL writer's next turn.
 pub async fn caught_up_mark(conn: &mut PgConnection, prefix: &str) -> Result<u64, SourceError> {
-    let lsn: String =
-        sqlx::query_scalar("SELECT pg_logical_emit_message(false, $1, 'caught-up')::text")
-            .bind(prefix)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| errors::sql("writing the caught-up mark", &e))?;
+    let lsn: String = sqlx::query_scalar(
+        "SELECT pg_logical_emit_message(false, $1, 'caught-up')::text, txid_current()",
+    )
+    .bind(prefix)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| errors::sql("writing the caught-up mark", &e))?;
     parse_lsn(&lsn)
 }
 

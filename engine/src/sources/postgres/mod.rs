@@ -102,6 +102,20 @@ impl PostgresSourceProvider {
                     )
                     .default("5000"),
                     OptionDef::new(
+                        "snapshot_parallelism",
+                        T::Int { min: 1, max: 64 },
+                        "tables the initial snapshot copies at once, each in a session of its own (default: the machine's cores; a table's chunks are read in key order by one session)",
+                    ),
+                    OptionDef::new(
+                        "snapshot_batch_rows",
+                        T::Int {
+                            min: 1,
+                            max: 10_000_000,
+                        },
+                        "rows a batch (one commit per sink table) may grow to while it holds snapshot rows; never below the pipeline's max_batch_rows",
+                    )
+                    .default("100000"),
+                    OptionDef::new(
                         "on_truncate",
                         T::Enum(&["ignore", "fail"]),
                         "what a TRUNCATE of a routed table does",

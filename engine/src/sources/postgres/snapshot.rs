@@ -4,9 +4,10 @@
 //!
 //! Per chunk: a low watermark is written into the WAL
 //! (`pg_logical_emit_message`, non-transactional), the chunk is SELECTed,
-//! and a high watermark is written. The stream loop watches the table's
-//! live changes between the two watermarks; when the stream reaches the
-//! high watermark — a proof that every transaction committed before it has
+//! and a high watermark is written ([`reader`]: tasks that read ahead, one
+//! table each, several tables at once). The stream loop watches the
+//! table's live changes between the two watermarks of every open window;
+//! when the stream reaches a high watermark — a proof that every transaction committed before it has
 //! been seen, never a timer — the chunk's rows whose key changed inside the
 //! window are dropped (the stream's own events carry their newer state) and
 //! the rest are emitted as `snapshot` rows (op insert, commit_ts NULL) at
@@ -26,20 +27,28 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal;
+use std::time::Instant;
 
-use sqlx::postgres::PgConnection;
-use sqlx::{Executor, Row, ValueRef};
+use sqlx::Row;
 use urutau_planner::progress::SnapshotProgress;
 
-use super::catalog::{self, PgTable, quote_ident};
+use super::catalog::{self, PgTable};
 use super::errors;
 use crate::sources::SourceError;
+
+pub mod reader;
+
+pub use reader::{ChunkReaders, ReadPlan, ReaderSettings};
 
 /// The prefix of the watermark messages.
 pub const WATERMARK_PREFIX: &str = "urutau.watermark";
 
+/// Chunks read ahead of the stream per reader.
+pub const READ_AHEAD_PER_READER: usize = 2;
+
 /// A primary-key column: its place in the table's schema and its SQL type.
-struct KeyColumn {
+#[derive(Clone)]
+pub struct KeyColumn {
     name: String,
     type_name: String,
     schema_index: usize,
@@ -56,6 +65,8 @@ pub struct TableSnapshot {
     pub progress: SnapshotProgress,
     pub copied: u64,
     pub estimated: u64,
+    /// When this run's first chunk of the table closed (the rate's start).
+    started: Option<Instant>,
 }
 
 impl TableSnapshot {
@@ -63,11 +74,29 @@ impl TableSnapshot {
     pub fn key_indexes(&self) -> Vec<usize> {
         self.key.iter().map(|k| k.schema_index).collect()
     }
+
+    /// Rows copied per second in this run, from its first chunk on
+    /// (`None` in the first quarter second, whose figure would mislead).
+    fn rate(&self) -> Option<f64> {
+        let seconds = self.started?.elapsed().as_secs_f64();
+        (seconds >= 0.25 && self.copied > 0).then(|| self.copied as f64 / seconds)
+    }
+
+    /// Seconds left at the current rate, by the row estimate.
+    fn eta_seconds(&self) -> Option<f64> {
+        if self.progress.is_complete() {
+            return Some(0.0);
+        }
+        let rate = self.rate()?;
+        Some(self.estimated.saturating_sub(self.copied) as f64 / rate)
+    }
 }
 
 /// A chunk read between two watermarks, waiting for the stream to reach
 /// the high one.
 pub struct Chunk {
+    /// The chunk's number in this run (its watermarks carry it).
+    pub id: u64,
     /// The index into [`Snapshotter::tables`].
     pub snapshot: usize,
     pub low: String,
@@ -100,20 +129,13 @@ pub fn encode_key<'a>(values: impl IntoIterator<Item = Option<&'a [u8]>>) -> Vec
     out
 }
 
-/// Reads the chunks.
+/// The tables to copy and their progress, as the stream's windows close.
 pub struct Snapshotter {
-    /// The snapshot session (closed once every table is copied).
-    conn: Option<PgConnection>,
     pub tables: Vec<TableSnapshot>,
-    chunk_rows: usize,
-    run: String,
-    next_chunk: u64,
+    /// This run's id, in every watermark (a watermark of an earlier run,
+    /// still in the WAL, is never taken for one of ours).
+    pub run: String,
     terminal: bool,
-    /// A pause between a chunk's SELECT and its high watermark
-    /// (`URUTAU_TEST_SNAPSHOT_WINDOW_MS`, test builds only): a load a real server produces
-    /// at random (a slow network, a busy server), made reproducible for
-    /// the tests that prove live changes inside a window win.
-    window_pause: Option<std::time::Duration>,
     metrics: crate::metrics::Metrics,
 }
 
@@ -127,103 +149,32 @@ pub struct SnapshotTarget<'a> {
 }
 
 impl Snapshotter {
-    /// Opens the snapshot session and looks up each table's key and size.
+    /// Looks up each table's key and size (in a session of its own, closed
+    /// before it returns).
     pub async fn open(
         uri: &str,
         targets: Vec<SnapshotTarget<'_>>,
-        chunk_rows: usize,
         metrics: crate::metrics::Metrics,
     ) -> Result<Snapshotter, SourceError> {
         let mut conn = catalog::connect(uri).await?;
-        // Text output exactly as the replication session's.
-        catalog::set_text_output(&mut conn, "the snapshot session").await?;
-        let mut tables = Vec::new();
-        for t in targets {
-            let progress = t.resume.unwrap_or(SnapshotProgress::NotStarted);
-            let key_rows = sqlx::query(
-                "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type_name
-                 FROM pg_index i
-                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-                 WHERE i.indrelid = $1::regclass AND i.indisprimary
-                 ORDER BY array_position(i.indkey::int2[], a.attnum)",
-            )
-            .bind(t.pg.quoted())
-            .fetch_all(&mut conn)
-            .await
-            .map_err(|e| errors::sql(&format!("reading the primary key of {}", t.pg), &e))?;
-            if key_rows.is_empty() {
-                return Err(SourceError::new(format!(
-                    "{} has no primary key: the initial snapshot reads a table in key order; add a primary key, or set snapshot = 'none'",
-                    t.pg
-                )));
-            }
-            let mut key = Vec::new();
-            for r in &key_rows {
-                let name: String = r.get("name");
-                let schema_index = t.columns.iter().position(|c| *c == name).ok_or_else(|| {
-                    SourceError::new(format!(
-                        "{}: key column {name} is not in the planned schema; restart the pipeline",
-                        t.pg
-                    ))
-                })?;
-                key.push(KeyColumn {
-                    name,
-                    type_name: r.get("type_name"),
-                    schema_index,
-                });
-            }
-            if let SnapshotProgress::InProgress { after: Some(a) } = &progress
-                && a.len() != key.len()
-            {
-                return Err(SourceError::new(format!(
-                    "{}: the committed snapshot progress has {} key values but the primary key has {} columns; the table's key changed since — drop the target tables to start over",
-                    t.pg,
-                    a.len(),
-                    key.len()
-                )));
-            }
-            let estimated: i64 = sqlx::query_scalar(
-                "SELECT GREATEST(reltuples, 0)::int8 FROM pg_class WHERE oid = $1::regclass",
-            )
-            .bind(t.pg.quoted())
-            .fetch_one(&mut conn)
-            .await
-            .map_err(|e| errors::sql(&format!("estimating the size of {}", t.pg), &e))?;
-            tables.push(TableSnapshot {
-                table: t.table,
-                pg: t.pg.clone(),
-                plan_table: t.plan_table.to_vec(),
-                key,
-                columns: t.columns,
-                progress,
-                copied: 0,
-                estimated: estimated as u64,
-            });
-        }
+        let tables = describe(&mut conn, targets).await;
+        catalog::close(conn).await;
+        let tables = tables?;
         for t in &tables {
             tracing::info!(table = %t.pg, state = t.progress.state(), estimated_rows = t.estimated, "initial snapshot");
             publish(&metrics, t, false);
         }
         Ok(Snapshotter {
-            conn: Some(conn),
             tables,
-            chunk_rows: chunk_rows.max(1),
             run: uuid::Uuid::new_v4().simple().to_string(),
-            next_chunk: 0,
             terminal: std::io::stderr().is_terminal(),
-            window_pause: test_window_pause(),
             metrics,
         })
     }
 
-    /// The first table whose copy is not complete.
-    pub fn pending(&self) -> Option<usize> {
-        self.tables.iter().position(|t| !t.progress.is_complete())
-    }
-
     /// True once every table is copied.
     pub fn all_complete(&self) -> bool {
-        self.pending().is_none()
+        self.tables.iter().all(|t| t.progress.is_complete())
     }
 
     /// Each table's progress (what the next batch commits).
@@ -234,144 +185,27 @@ impl Snapshotter {
             .collect()
     }
 
-    /// Writes the low watermark, reads the next chunk of table `i`, writes
-    /// the high watermark.
-    pub async fn read_chunk(&mut self, i: usize) -> Result<Chunk, SourceError> {
-        self.next_chunk += 1;
-        let low = format!("low:{}:{}", self.run, self.next_chunk);
-        let high = format!("high:{}:{}", self.run, self.next_chunk);
-        let sql = self.chunk_sql(i, self.chunk_rows);
-        let pg = self.tables[i].pg.clone();
-        let pause = self.window_pause;
-        let conn = self.session(&pg)?;
-        emit(conn, &low).await?;
-        // The simple query protocol: values arrive as text, produced by the
-        // same output functions pgoutput uses.
-        let result = Executor::fetch_all(&mut *conn, sqlx::raw_sql(&sql))
-            .await
-            .map_err(|e| errors::sql(&format!("reading a snapshot chunk of {pg}"), &e))?;
-        if let Some(pause) = pause {
-            // Tests widen the window so live changes land inside it.
-            tokio::time::sleep(pause).await;
-        }
-        emit(conn, &high).await?;
-        self.chunk(i, &result, low, high, self.chunk_rows)
-    }
-
-    /// Preview: the first `limit` rows the next chunk of table `i` would
-    /// hold, by the chunk's own `SELECT` and nothing else (no watermark is
-    /// written, nothing is recorded as copied).
-    pub async fn peek_rows(&mut self, i: usize, limit: usize) -> Result<Chunk, SourceError> {
-        let sql = self.chunk_sql(i, limit);
-        let pg = self.tables[i].pg.clone();
-        let conn = self.session(&pg)?;
-        let result = Executor::fetch_all(&mut *conn, sqlx::raw_sql(&sql))
-            .await
-            .map_err(|e| errors::sql(&format!("reading the first rows of {pg}"), &e))?;
-        self.chunk(i, &result, String::new(), String::new(), limit)
-    }
-
-    /// The snapshot session, while it is open.
-    fn session(&mut self, pg: &PgTable) -> Result<&mut PgConnection, SourceError> {
-        self.conn.as_mut().ok_or_else(|| {
-            SourceError::new(format!(
-                "internal: a chunk of {pg} was asked for after the snapshot session closed"
-            ))
-        })
-    }
-
-    /// The `SELECT` of table `i`'s next `limit` rows in key order, after
-    /// the last key copied.
-    fn chunk_sql(&self, i: usize, limit: usize) -> String {
-        let t = &self.tables[i];
-        let after = match &t.progress {
-            SnapshotProgress::InProgress { after } => after.clone(),
-            _ => None,
-        };
-        let columns: Vec<String> = t.columns.iter().map(|c| quote_ident(c)).collect();
-        let order: Vec<String> = t.key.iter().map(|k| quote_ident(&k.name)).collect();
-        let filter = match &after {
-            None => String::new(),
-            Some(values) => {
-                let bounds: Vec<String> = values
-                    .iter()
-                    .zip(&t.key)
-                    .map(|(v, k)| format!("{}::{}", literal(v), k.type_name))
-                    .collect();
-                format!(" WHERE ({}) > ({})", order.join(", "), bounds.join(", "))
-            }
-        };
-        format!(
-            "SELECT {} FROM {}{filter} ORDER BY {} LIMIT {limit}",
-            columns.join(", "),
-            t.pg.quoted(),
-            order.join(", "),
-        )
-    }
-
-    /// A chunk of table `i` from its `SELECT`'s rows (`limit` asked for).
-    fn chunk(
-        &self,
-        i: usize,
-        result: &[sqlx::postgres::PgRow],
-        low: String,
-        high: String,
-        limit: usize,
-    ) -> Result<Chunk, SourceError> {
-        let t = &self.tables[i];
-        let pg = &t.pg;
-        let key_indexes = t.key_indexes();
-        let mut rows = Vec::with_capacity(result.len());
-        let mut keys = Vec::with_capacity(result.len());
-        for r in result {
-            let mut values = Vec::with_capacity(t.columns.len());
-            for (c, name) in t.columns.iter().enumerate() {
-                let fail = |e: &dyn std::fmt::Display| {
-                    SourceError::new(format!("{pg}: snapshot column {name}: {e}"))
-                };
-                let raw = r.try_get_raw(c).map_err(|e| fail(&e))?;
-                values.push(if raw.is_null() {
-                    None
-                } else {
-                    Some(raw.as_bytes().map_err(|e| fail(&e))?.to_vec())
-                });
-            }
-            keys.push(encode_key(
-                key_indexes.iter().map(|k| values[*k].as_deref()),
-            ));
-            rows.push(values);
-        }
-        let last_key = match rows.last() {
-            Some(row) => Some(
-                key_indexes
-                    .iter()
-                    .map(|k| {
-                        row[*k]
-                            .as_deref()
-                            .map(|b| String::from_utf8_lossy(b).into_owned())
-                            .ok_or_else(|| {
-                                SourceError::new(format!("{pg}: a primary key value is NULL"))
-                            })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            None => None,
-        };
-        Ok(Chunk {
-            snapshot: i,
-            low,
-            high,
-            last: rows.len() < limit,
-            rows,
-            keys,
-            last_key,
-        })
+    /// What the readers need for each table not yet copied.
+    pub fn read_plans(&self) -> Vec<ReadPlan> {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.progress.is_complete())
+            .map(|(i, t)| ReadPlan {
+                snapshot: i,
+                pg: t.pg.clone(),
+                key: t.key.clone(),
+                columns: t.columns.clone(),
+                after: reader::start_after(&t.progress),
+            })
+            .collect()
     }
 
     /// The stream reached the chunk's high watermark: records the progress
     /// the emitted rows carry.
     pub fn chunk_done(&mut self, chunk: &Chunk, emitted: usize) {
         let t = &mut self.tables[chunk.snapshot];
+        t.started.get_or_insert_with(Instant::now);
         t.copied += emitted as u64;
         t.progress = match (&chunk.last_key, chunk.last) {
             (_, true) | (None, _) => SnapshotProgress::Complete,
@@ -381,45 +215,86 @@ impl Snapshotter {
         };
         publish(&self.metrics, t, self.terminal);
         if t.progress.is_complete() {
-            tracing::info!(table = %t.pg, rows = t.copied, "initial snapshot complete");
-        }
-    }
-
-    /// Closes the snapshot session.
-    pub async fn close(mut self) {
-        if let Some(conn) = self.conn.take() {
-            catalog::close(conn).await;
-        }
-    }
-
-    /// Closes the snapshot session once every table is copied.
-    pub async fn release_when_complete(&mut self) {
-        if self.all_complete()
-            && let Some(conn) = self.conn.take()
-        {
-            catalog::close(conn).await;
+            tracing::info!(table = %t.pg, rows = t.copied, rows_per_second = t.rate().map(|r| r.round()), "initial snapshot complete");
         }
     }
 }
 
-/// A SQL string literal.
-fn literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
-}
-
-async fn emit(conn: &mut PgConnection, content: &str) -> Result<(), SourceError> {
-    sqlx::query("SELECT pg_logical_emit_message(false, $1, $2)")
-        .bind(WATERMARK_PREFIX)
-        .bind(content)
-        .execute(&mut *conn)
+/// Each target's key columns, committed progress and estimated size.
+async fn describe(
+    conn: &mut sqlx::PgConnection,
+    targets: Vec<SnapshotTarget<'_>>,
+) -> Result<Vec<TableSnapshot>, SourceError> {
+    let mut tables = Vec::new();
+    for t in targets {
+        let progress = t.resume.unwrap_or(SnapshotProgress::NotStarted);
+        let key_rows = sqlx::query(
+            "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type_name
+             FROM pg_index i
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+             WHERE i.indrelid = $1::regclass AND i.indisprimary
+             ORDER BY array_position(i.indkey::int2[], a.attnum)",
+        )
+        .bind(t.pg.quoted())
+        .fetch_all(&mut *conn)
         .await
-        .map_err(|e| errors::sql("writing a snapshot watermark", &e))?;
-    Ok(())
+        .map_err(|e| errors::sql(&format!("reading the primary key of {}", t.pg), &e))?;
+        if key_rows.is_empty() {
+            return Err(SourceError::new(format!(
+                "{} has no primary key: the initial snapshot reads a table in key order; add a primary key, or set snapshot = 'none'",
+                t.pg
+            )));
+        }
+        let mut key = Vec::new();
+        for r in &key_rows {
+            let name: String = r.get("name");
+            let schema_index = t.columns.iter().position(|c| *c == name).ok_or_else(|| {
+                SourceError::new(format!(
+                    "{}: key column {name} is not in the planned schema; restart the pipeline",
+                    t.pg
+                ))
+            })?;
+            key.push(KeyColumn {
+                name,
+                type_name: r.get("type_name"),
+                schema_index,
+            });
+        }
+        if let SnapshotProgress::InProgress { after: Some(a) } = &progress
+            && a.len() != key.len()
+        {
+            return Err(SourceError::new(format!(
+                "{}: the committed snapshot progress has {} key values but the primary key has {} columns; the table's key changed since — drop the target tables to start over",
+                t.pg,
+                a.len(),
+                key.len()
+            )));
+        }
+        let estimated: i64 = sqlx::query_scalar(
+            "SELECT GREATEST(reltuples, 0)::int8 FROM pg_class WHERE oid = $1::regclass",
+        )
+        .bind(t.pg.quoted())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| errors::sql(&format!("estimating the size of {}", t.pg), &e))?;
+        tables.push(TableSnapshot {
+            table: t.table,
+            pg: t.pg.clone(),
+            plan_table: t.plan_table.to_vec(),
+            key,
+            columns: t.columns,
+            progress,
+            copied: 0,
+            estimated: estimated as u64,
+            started: None,
+        });
+    }
+    Ok(tables)
 }
 
 /// The pause `URUTAU_TEST_SNAPSHOT_WINDOW_MS` asks for, in builds with the
 /// `fault-injection` feature (the test suite's); never in a release.
-fn test_window_pause() -> Option<std::time::Duration> {
+pub fn test_window_pause() -> Option<std::time::Duration> {
     #[cfg(feature = "fault-injection")]
     {
         std::env::var("URUTAU_TEST_SNAPSHOT_WINDOW_MS")
@@ -434,10 +309,22 @@ fn test_window_pause() -> Option<std::time::Duration> {
 }
 
 /// Publishes a table's progress: metrics, and a progress line on a
-/// terminal.
+/// terminal (rows copied, the share of the estimate, rows/s and the time
+/// left at that rate).
 fn publish(metrics: &crate::metrics::Metrics, t: &TableSnapshot, terminal: bool) {
     let done = t.progress.is_complete();
-    metrics.snapshot_progress(&t.pg.to_string(), t.copied, t.estimated, done);
+    let rate = t.rate();
+    let eta = t.eta_seconds();
+    metrics.snapshot_progress(
+        &t.pg.to_string(),
+        crate::metrics::SnapshotStatus {
+            rows_copied: t.copied,
+            rows_estimated: t.estimated,
+            done,
+            rows_per_second: rate,
+            eta_seconds: eta,
+        },
+    );
     if terminal {
         let pct = if t.estimated > 0 {
             format!(
@@ -447,8 +334,13 @@ fn publish(metrics: &crate::metrics::Metrics, t: &TableSnapshot, terminal: bool)
         } else {
             String::new()
         };
+        let speed = match (rate, eta) {
+            (Some(r), Some(e)) if !done => format!(", {:.0} rows/s, ~{} left", r, duration_text(e)),
+            (Some(r), _) => format!(", {:.0} rows/s", r),
+            _ => String::new(),
+        };
         eprint!(
-            "\rsnapshot {}: {} / ~{} rows{pct}{}",
+            "\rsnapshot {}: {} / ~{} rows{pct}{speed}{}\x1b[K",
             t.pg,
             t.copied,
             t.estimated,
@@ -457,17 +349,26 @@ fn publish(metrics: &crate::metrics::Metrics, t: &TableSnapshot, terminal: bool)
     }
 }
 
-/// A chunk waiting for its high watermark, and the keys of its table that
-/// live changes touched inside the window, collected by the stream between
-/// the watermarks.
+/// `1h02m`, `3m05s`, `12s`.
+fn duration_text(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match (s / 3600, (s % 3600) / 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m{sec:02}s"),
+        (h, m, _) => format!("{h}h{m:02}m"),
+    }
+}
+
+/// A window opened by a chunk's low watermark: the keys of its table that
+/// live changes touched since, collected by the stream until the chunk's
+/// high watermark.
 pub struct Window {
-    pub chunk: Chunk,
+    /// The chunk's id.
+    pub id: u64,
     /// The stream's index of the chunk's table.
     pub table: usize,
     /// The schema indexes of the table's key columns.
     pub key: Vec<usize>,
-    /// The low watermark went by: changes now count.
-    pub open: bool,
     pub touched: HashSet<Vec<u8>>,
 }
 
@@ -488,7 +389,9 @@ mod tests {
     }
 
     #[test]
-    fn literals_double_quotes() {
-        assert_eq!(literal("o'brien"), "'o''brien'");
+    fn durations_read_as_a_person_says_them() {
+        assert_eq!(duration_text(12.4), "12s");
+        assert_eq!(duration_text(185.0), "3m05s");
+        assert_eq!(duration_text(3720.0), "1h02m");
     }
 }

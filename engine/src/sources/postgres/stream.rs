@@ -22,7 +22,9 @@ use super::catalog::{self, PgTable};
 use super::errors;
 use super::pgoutput::{self, Cell, Message, Relation, Tuple};
 use super::pgtypes::ColumnBuilder;
-use super::snapshot::{self, Chunk, ResumeProgress, SnapshotTarget, Snapshotter, Window};
+use super::snapshot::{
+    self, Chunk, ChunkReaders, ReaderSettings, ResumeProgress, SnapshotTarget, Snapshotter, Window,
+};
 use crate::batching::BatchPolicy;
 use crate::change_batch::{ContextBuilder, RowKind};
 use crate::position::Position;
@@ -36,6 +38,16 @@ pub use peek::open as open_peek;
 const CAUGHT_UP_PREFIX: &str = "urutau.caught_up";
 /// Rows per snapshot chunk unless `snapshot_chunk_rows` says otherwise.
 pub const DEFAULT_CHUNK_ROWS: usize = 5_000;
+/// Rows per batch (commit) while snapshot rows are in it, unless
+/// `snapshot_batch_rows` says otherwise: copied rows come in bulk, and a
+/// commit per 10,000 of them (the stream's default) costs more than their
+/// writing.
+pub const DEFAULT_SNAPSHOT_BATCH_ROWS: usize = 100_000;
+/// Tables copied at once unless `snapshot_parallelism` says otherwise: the
+/// machine's cores.
+pub fn default_snapshot_parallelism() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 /// Microseconds from 1970-01-01 to 2000-01-01 (Postgres' epoch).
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
@@ -63,6 +75,11 @@ struct StreamCfg {
     /// Copy the tables first (`snapshot = 'initial'`).
     snapshot: bool,
     snapshot_chunk_rows: usize,
+    /// Tables copied at once (one reader session each).
+    snapshot_parallelism: usize,
+    /// Rows a batch holding snapshot rows may grow to (never below the
+    /// pipeline's `max_batch_rows`).
+    snapshot_batch_rows: usize,
     resume_snapshots: ResumeProgress,
     exit_when_caught_up: bool,
     policy: BatchPolicy,
@@ -126,6 +143,15 @@ impl StreamCfg {
                 .get("snapshot_chunk_rows")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(DEFAULT_CHUNK_ROWS),
+            snapshot_parallelism: opts
+                .get("snapshot_parallelism")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(default_snapshot_parallelism),
+            snapshot_batch_rows: opts
+                .get("snapshot_batch_rows")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(DEFAULT_SNAPSHOT_BATCH_ROWS)
+                .max(args.policy.max_rows),
             resume_snapshots: args.snapshots.clone(),
             exit_when_caught_up: args.exit_when_caught_up,
             policy: args.policy,
@@ -353,6 +379,8 @@ struct Assembler {
     split_closed: bool,
     tx_rows: usize,
     batch_rows: usize,
+    /// Snapshot rows among `batch_rows`.
+    batch_snapshot_rows: usize,
     batch_opened: Option<Instant>,
     /// The end LSN of the newest closed transaction.
     closed_end: Option<u64>,
@@ -367,9 +395,9 @@ struct Assembler {
     unacked: std::collections::VecDeque<(u64, i64)>,
     /// The newest WAL position the server reported.
     received: u64,
-    /// The snapshot chunk waiting for its high watermark, with the keys
-    /// the stream changed inside its window.
-    window: Option<Window>,
+    /// The snapshot windows open (low watermark seen, high not yet), with
+    /// the keys the stream changed inside each.
+    windows: Vec<Window>,
     /// Each snapshotted table's progress as of the rows built so far.
     snapshot_progress: Vec<(Vec<String>, urutau_planner::progress::SnapshotProgress)>,
     /// The progress moved since the last batch.
@@ -410,6 +438,7 @@ impl Assembler {
             split_closed: false,
             tx_rows: 0,
             batch_rows: 0,
+            batch_snapshot_rows: 0,
             batch_opened: None,
             closed_end: None,
             emitted_end: cfg.start,
@@ -420,7 +449,7 @@ impl Assembler {
             metrics: cfg.metrics.clone(),
             unacked: Default::default(),
             received: start,
-            window: None,
+            windows: Vec::new(),
             snapshot_progress: Vec::new(),
             snapshot_moved: false,
         })
@@ -525,46 +554,52 @@ impl Assembler {
         })
     }
 
-    /// Notes the keys a live change of the window's table touches.
+    /// Notes the keys a live change touches in each open window of its
+    /// table.
     fn watch(&mut self, rel: u32, tuples: [Option<&Tuple>; 2]) {
-        let Some(w) = &mut self.window else { return };
-        if !w.open {
+        if self.windows.is_empty() {
             return;
         }
         let Some(Some(binding)) = self.relations.get(&rel) else {
             return;
         };
-        if binding.table != w.table {
-            return;
-        }
         let [new, old] = tuples;
-        for t in [new, old].into_iter().flatten() {
-            let mut complete = true;
-            let key =
-                snapshot::encode_key(w.key.iter().map(|k| match t.0.get(binding.positions[*k]) {
-                    Some(Cell::Text(v)) => Some(&v[..]),
-                    Some(Cell::Null) => None,
-                    _ => {
-                        complete = false;
-                        None
-                    }
-                }));
-            if complete {
-                w.touched.insert(key);
+        for w in self.windows.iter_mut().filter(|w| w.table == binding.table) {
+            for t in [new, old].into_iter().flatten() {
+                let mut complete = true;
+                let key =
+                    snapshot::encode_key(w.key.iter().map(
+                        |k| match t.0.get(binding.positions[*k]) {
+                            Some(Cell::Text(v)) => Some(&v[..]),
+                            Some(Cell::Null) => None,
+                            _ => {
+                                complete = false;
+                                None
+                            }
+                        },
+                    ));
+                if complete {
+                    w.touched.insert(key);
+                }
             }
         }
     }
 
-    /// The stream reached a chunk's high watermark at `lsn`: emits the
-    /// chunk's rows no live change in the window touched.
-    fn close_window(&mut self, lsn: u64) -> Result<(Chunk, usize), SourceError> {
-        let window = self
-            .window
-            .take()
-            .expect("a high watermark closes an open window");
-        let chunk = window.chunk;
-        let emitted = self.snapshot_rows(window.table, &chunk, &window.touched, lsn)?;
-        Ok((chunk, emitted))
+    /// The stream reached the high watermark of `chunk` at `lsn`: emits the
+    /// chunk's rows no live change in its window touched; returns how many.
+    fn close_window(&mut self, chunk: &Chunk, lsn: u64) -> Result<usize, SourceError> {
+        let at = self
+            .windows
+            .iter()
+            .position(|w| w.id == chunk.id)
+            .ok_or_else(|| {
+                SourceError::new(format!(
+                    "internal: the high watermark of snapshot chunk {} arrived without its low watermark",
+                    chunk.id
+                ))
+            })?;
+        let window = self.windows.remove(at);
+        self.snapshot_rows(window.table, chunk, &window.touched, lsn)
     }
 
     /// Appends the rows of `chunk` (of builder `table`) whose key is not in
@@ -599,6 +634,7 @@ impl Assembler {
         self.closed_end = Some(end);
         self.received = self.received.max(end);
         self.batch_rows += emitted;
+        self.batch_snapshot_rows += emitted;
         if emitted > 0 && self.batch_opened.is_none() {
             self.batch_opened = Some(Instant::now());
         }
@@ -673,13 +709,23 @@ impl Assembler {
     }
 
     /// Whether the open transaction should be handed over in part now: it
-    /// (with what is waiting before it) has reached the batch size, and no
-    /// snapshot chunk is waiting for its high watermark (its rows are
-    /// reconciled against the window's changes when it closes; the window
-    /// spans one chunk's read, so holding a transaction through it is
-    /// rare and bounded by its end).
+    /// (with what is waiting before it) has reached the batch size. Open
+    /// snapshot windows do not hold it back: the transaction's keys are in
+    /// their touched sets already (its rows are watched as they arrive),
+    /// and a window's chunk rows are appended only at its high watermark,
+    /// which the stream reaches after this transaction's commit.
     fn part_due(&self, max_rows: usize) -> bool {
-        self.in_tx && self.window.is_none() && self.tx_rows + self.batch_rows >= max_rows.max(1)
+        self.in_tx && self.tx_rows + self.batch_rows >= max_rows.max(1)
+    }
+
+    /// The rows the batch being built may grow to: `snapshot_rows` once
+    /// it holds snapshot rows, else the pipeline's `max_rows`.
+    fn batch_limit(&self, max_rows: usize, snapshot_rows: usize) -> usize {
+        if self.batch_snapshot_rows > 0 {
+            snapshot_rows
+        } else {
+            max_rows
+        }
     }
 
     /// The rows built so far, the open transaction's included, as a batch
@@ -695,6 +741,7 @@ impl Assembler {
         self.tx_split = true;
         let tables = self.finish_tables()?;
         self.batch_rows = 0;
+        self.batch_snapshot_rows = 0;
         self.tx_rows = 0;
         self.batch_opened = None;
         self.last_emit = Instant::now();
@@ -757,7 +804,7 @@ impl Assembler {
             && self.tx_rows == 0
             && self.batch_rows == 0
             && !self.split_closed
-            && self.window.is_none()
+            && self.windows.is_empty()
             && self.closed_end.is_none_or(|c| acked >= c)
     }
 
@@ -787,6 +834,7 @@ impl Assembler {
         }
         let tables = self.finish_tables()?;
         self.batch_rows = 0;
+        self.batch_snapshot_rows = 0;
         self.batch_opened = None;
         self.snapshot_moved = false;
         self.split_closed = false;
@@ -844,15 +892,7 @@ async fn stream(
     // The slot exists (created above when absent) before any snapshot read.
     let mut snapshotter = if cfg.snapshot {
         let targets = cfg.snapshot_targets(|_| true);
-        Some(
-            Snapshotter::open(
-                &cfg.uri,
-                targets,
-                cfg.snapshot_chunk_rows,
-                cfg.metrics.clone(),
-            )
-            .await?,
-        )
+        Some(Snapshotter::open(&cfg.uri, targets, cfg.metrics.clone()).await?)
     } else {
         None
     };
@@ -882,26 +922,30 @@ async fn stream(
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut caught_up = false;
     let mut silence = silence::SilenceWatch::new();
+    // The chunk readers: they read ahead while earlier windows wait for
+    // their high watermarks. Chunks read whose high watermark the stream
+    // has not reached wait in `chunks` (bounded: beyond it, the readers
+    // wait on the channel).
+    let mut readers = snapshotter
+        .as_ref()
+        .filter(|s| !s.all_complete())
+        .map(|s| spawn_readers(&cfg, s));
+    let held_chunks = cfg.snapshot_parallelism.max(1) * snapshot::READ_AHEAD_PER_READER;
+    let mut chunks: HashMap<u64, Chunk> = HashMap::new();
     loop {
-        // The next snapshot chunk, once the previous window has closed.
-        if let Some(snap) = &mut snapshotter
-            && a.window.is_none()
-            && !a.in_tx
-            && !cfg.stop.load(Ordering::Relaxed)
-            && let Some(i) = snap.pending()
-        {
-            // No stream event is handled while the chunk is read, so the
-            // window starts watching from the low watermark on.
-            a.window = Some(Window {
-                table: snap.tables[i].table,
-                key: snap.tables[i].key_indexes(),
-                chunk: snap.read_chunk(i).await?,
-                open: false,
-                touched: Default::default(),
-            });
-        }
         let event = tokio::select! {
             ev = client.recv() => Some(ev),
+            chunk = next_chunk(&mut readers), if chunks.len() < held_chunks => {
+                match chunk {
+                    Some(chunk) => {
+                        let chunk = chunk?;
+                        chunks.insert(chunk.id, chunk);
+                    }
+                    // Every table read: the readers have ended.
+                    None => readers = None,
+                }
+                continue;
+            }
             _ = tick.tick() => None,
         };
         let acked = cfg.acked.load(Ordering::SeqCst);
@@ -958,16 +1002,27 @@ async fn stream(
                     ..
                 } if prefix == snapshot::WATERMARK_PREFIX => {
                     let content = String::from_utf8_lossy(&content);
-                    if let Some(w) = &mut a.window {
-                        if content == w.chunk.low {
-                            w.open = true;
-                        } else if content == w.chunk.high {
-                            let (chunk, emitted) = a.close_window(lsn.0)?;
-                            let snap = snapshotter.as_mut().expect("a chunk has a snapshotter");
+                    if let Some(snap) = &mut snapshotter {
+                        if let Some((id, i)) = snapshot::reader::parse_low(&snap.run, &content)
+                            && let Some(t) = snap.tables.get(i)
+                        {
+                            // Changes decoded from here on are newer than
+                            // the low watermark: the window watches them.
+                            a.windows.push(Window {
+                                id,
+                                table: t.table,
+                                key: t.key_indexes(),
+                                touched: Default::default(),
+                            });
+                        } else if let Some(id) = snapshot::reader::parse_high(&snap.run, &content) {
+                            let chunk = match chunks.remove(&id) {
+                                Some(c) => c,
+                                None => wait_for_chunk(&mut readers, &mut chunks, id).await?,
+                            };
+                            let emitted = a.close_window(&chunk, lsn.0)?;
                             snap.chunk_done(&chunk, emitted);
                             a.snapshot_progress = snap.progress();
                             a.snapshot_moved = true;
-                            snap.release_when_complete().await;
                         }
                     }
                 }
@@ -1003,7 +1058,7 @@ async fn stream(
         if a.in_tx {
             // A transaction larger than a batch goes on in parts, so
             // memory stays bounded by the batch size.
-            if a.part_due(policy.max_rows) {
+            if a.part_due(a.batch_limit(policy.max_rows, cfg.snapshot_batch_rows)) {
                 let part = a.take_part()?;
                 if tx.send(Ok(part)).await.is_err() {
                     break;
@@ -1013,7 +1068,11 @@ async fn stream(
         }
         // Exit only when caught up AND every table is copied.
         let finished = caught_up && snapshotter.as_ref().is_none_or(|s| s.all_complete());
-        let due = policy.should_close(a.batch_rows, a.batch_opened)
+        let limit = BatchPolicy {
+            max_rows: a.batch_limit(policy.max_rows, cfg.snapshot_batch_rows),
+            ..policy
+        };
+        let due = limit.should_close(a.batch_rows, a.batch_opened)
             || a.split_closed
             || (a.batch_rows == 0 && a.last_emit.elapsed() >= policy.max_interval)
             || (a.snapshot_moved && a.batch_rows == 0);
@@ -1033,6 +1092,57 @@ async fn stream(
         let _ = tx.send(Ok(batch)).await;
     }
     Ok(client)
+}
+
+/// Starts the chunk readers over the tables `snap` has left to copy.
+fn spawn_readers(cfg: &StreamCfg, snap: &Snapshotter) -> ChunkReaders {
+    let plans = snap.read_plans();
+    let parallelism = cfg.snapshot_parallelism.clamp(1, plans.len().max(1));
+    ChunkReaders::spawn(
+        ReaderSettings {
+            uri: cfg.uri.clone(),
+            run: snap.run.clone(),
+            chunk_rows: cfg.snapshot_chunk_rows,
+            parallelism,
+            read_ahead: parallelism * snapshot::READ_AHEAD_PER_READER,
+            window_pause: snapshot::test_window_pause(),
+        },
+        plans,
+    )
+}
+
+/// The next chunk the readers hand over (`None` once they have all ended;
+/// never, without readers).
+async fn next_chunk(readers: &mut Option<ChunkReaders>) -> Option<Result<Chunk, SourceError>> {
+    match readers {
+        Some(r) => r.rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The stream reached the high watermark of chunk `id` before the chunk
+/// came over the channel (its reader writes the watermark, then hands the
+/// chunk over): waits for it, keeping the chunks that come before it.
+async fn wait_for_chunk(
+    readers: &mut Option<ChunkReaders>,
+    chunks: &mut HashMap<u64, Chunk>,
+    id: u64,
+) -> Result<Chunk, SourceError> {
+    while let Some(r) = readers.as_mut() {
+        match r.rx.recv().await {
+            Some(chunk) => {
+                let chunk = chunk?;
+                if chunk.id == id {
+                    return Ok(chunk);
+                }
+                chunks.insert(chunk.id, chunk);
+            }
+            None => *readers = None,
+        }
+    }
+    Err(SourceError::new(format!(
+        "internal: the stream reached the high watermark of snapshot chunk {id}, but its reader ended without handing the chunk over"
+    )))
 }
 
 /// The stream has ended (caught up or stopped): waits for the runner's

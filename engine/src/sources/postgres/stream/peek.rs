@@ -34,7 +34,7 @@ use super::{Assembler, PG_EPOCH_MICROS, StreamCfg};
 use crate::position::Position;
 use crate::sources::postgres::catalog::{self, quote_ident};
 use crate::sources::postgres::pgoutput::{self, Message};
-use crate::sources::postgres::snapshot::Snapshotter;
+use crate::sources::postgres::snapshot::{self, Snapshotter};
 use crate::sources::{ChangeSource, OpenArgs, SourceBatch, SourceError};
 
 /// The preview's source: reads everything at the first batch asked for.
@@ -311,12 +311,10 @@ async fn snapshot_rows(
     let rows = usize::try_from(limit)
         .unwrap_or(usize::MAX)
         .min(i64::MAX as usize);
-    let mut snap = Snapshotter::open(&cfg.uri, targets, rows, cfg.metrics.clone()).await?;
+    let snap = Snapshotter::open(&cfg.uri, targets, cfg.metrics.clone()).await?;
     let none = HashSet::new();
-    for i in 0..snap.tables.len() {
-        let chunk = snap.peek_rows(i, rows).await?;
-        a.snapshot_rows(snap.tables[i].table, &chunk, &none, at)?;
+    for chunk in snapshot::reader::peek(&cfg.uri, &snap.read_plans(), rows).await? {
+        a.snapshot_rows(snap.tables[chunk.snapshot].table, &chunk, &none, at)?;
     }
-    snap.close().await;
     Ok(())
 }
