@@ -106,7 +106,7 @@ async fn verify_full_snapshots_and_streams_through_kill_9() {
     assert_eq!(replication_is_encrypted(&db, "tls_full").await, Some(true));
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    common::kill_9_runs(&p, 20, 2, 800..2500);
+    common::kill_9_runs(&p, 20, 2, 150..700);
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
     run_to_end(&p);

@@ -46,6 +46,9 @@ pub fn kill_9_runs(
                 "--log-level",
                 "warn",
             ])
+            // A Postgres snapshot's windows widened (the test hook), so a
+            // snapshot lasts long enough to be killed in.
+            .env("URUTAU_TEST_SNAPSHOT_WINDOW_MS", "40")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log_path).unwrap())
             .spawn()
