@@ -208,27 +208,37 @@ def open_collection(args):
                           timeout_options=ClusterTimeoutOptions(connect_timeout=timeout,
                                                                 bootstrap_timeout=timeout,
                                                                 kv_timeout=timeout))
-    # Connecting is tried three times: gocaves on a loaded CI machine has
-    # missed a bootstrap (CI saw "Failed to connect"), which says nothing
-    # of the sink. A mock that is gone fails all three.
+    # Connecting, waiting for KV and opening the bucket are tried three
+    # times, each on a new Cluster: gocaves on a loaded 2-core CI machine
+    # has missed a bootstrap (CI saw "Failed to connect") and an open of a
+    # bucket that had been read moments before (CI saw open_bucket time out
+    # with UnAmbiguousTimeoutException), neither of which says anything of
+    # the sink. A mock that is gone, or a bucket that does not exist, fails
+    # all three.
+    last = None
     for attempt in range(1, 4):
+        cluster = None
         try:
+            step = f"cannot connect to {args.connstr}"
             cluster = Cluster(args.connstr, opts)
+            step = f"cluster {args.connstr} not ready within {args.timeout:.0f} s"
+            cluster.wait_until_ready(timeout, WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
+            # The 4.x Bucket has no wait_until_ready: opening it waits for
+            # the bucket and times out when the bucket does not exist.
+            step = f"bucket {args.bucket!r} could not be opened (does it exist?)"
+            bucket = cluster.bucket(args.bucket)
             break
         except Exception as e:
+            last = f"{step}: {e!r}"
+            print(f"couchbase harness: try {attempt} of 3: {last}", file=sys.stderr, flush=True)
+            if cluster is not None:
+                try:
+                    cluster.close()
+                except Exception:
+                    pass
             if attempt == 3:
-                fail(f"cannot connect to {args.connstr} (3 tries): {e!r}")
+                fail(f"{last} (3 tries)")
             time.sleep(1)
-    try:
-        cluster.wait_until_ready(timeout, WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
-    except Exception as e:
-        fail(f"cluster {args.connstr} not ready within {args.timeout:.0f} s: {e!r}")
-    # The 4.x Bucket has no wait_until_ready: opening it waits for the bucket
-    # and times out when the bucket does not exist.
-    try:
-        bucket = cluster.bucket(args.bucket)
-    except Exception as e:
-        fail(f"bucket {args.bucket!r} could not be opened (does it exist?): {e!r}")
     return bucket.scope(args.scope).collection(args.collection)
 
 
@@ -382,7 +392,9 @@ def main(argv=None):
     s.set_defaults(func=cmd_layout, sdk=True)
     args = p.parse_args(argv)
     if getattr(args, "sdk", False):
-        watchdog(args.timeout * 2 + 60)
+        # Room for the three tries of open_collection (each may wait out a
+        # connect and a ready timeout) and the reads after them.
+        watchdog(args.timeout * 6 + 60)
         try:
             import couchbase  # noqa: F401
         except ImportError:
