@@ -1350,3 +1350,145 @@ CREATE TABLE lake.quiet AS SELECT * FROM src.quiet;",
     let data_dir = dir.path().join("warehouse/bronze/quiet/data");
     assert!(!data_dir.exists() || std::fs::read_dir(&data_dir).unwrap().next().is_none());
 }
+
+/// The current snapshot's summary entry `key` as a number (absent: 0).
+fn summary_number(md: &Value, key: &str) -> u64 {
+    md["snapshots"]
+        .as_array()
+        .and_then(|s| {
+            s.iter()
+                .find(|s| s["snapshot-id"] == md["current-snapshot-id"])
+        })
+        .and_then(|s| s["summary"][key].as_str())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// Upserting, a row whose key no data file of the table (and no earlier
+/// write of this run) can hold is appended without an equality delete; a
+/// key the table may hold still gets one, also after a restart (the key
+/// ranges are rebuilt from the data files' bounds), and a delete of a key
+/// the table cannot hold writes nothing. DuckDB reads the rows the changes
+/// leave.
+#[tokio::test]
+async fn new_keys_are_appended_without_equality_deletes() {
+    use arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray};
+    use urutau_planner::sink::SinkBatch;
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "CREATE SOURCE src FROM file WITH (path = '/dev/null');
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'k');
+CREATE TABLE src.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.t AS SELECT id, v FROM src.t;",
+        d = dir.path().display()
+    );
+    let batch = |schema, rows: &[(i64, &str, bool)]| SinkBatch {
+        rows: arrow::array::RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef,
+            ],
+        )
+        .unwrap(),
+        deletes: BooleanArray::from_iter(rows.iter().map(|r| Some(r.2))),
+    };
+    let catalog_db = dir.path().join("catalog.db");
+    async fn table_metadata(catalog_db: &Path) -> Value {
+        metadata_json(
+            &common::catalog_metadata_location(catalog_db, "k", "t")
+                .await
+                .unwrap(),
+        )
+    }
+    let mut expected: BTreeMap<i64, String> = BTreeMap::new();
+
+    let first = common::plan_sql(&text).await.unwrap();
+    let r = &first.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    // Ascending new keys, two batches, and a delete of a key never written.
+    for (n, range) in [(1, 1..=1000i64), (2, 1001..=2000)] {
+        let mut rows: Vec<(i64, &str, bool)> = range.map(|id| (id, "new", false)).collect();
+        if n == 2 {
+            rows.push((5000, "", true));
+        }
+        for (id, v, deleted) in &rows {
+            if !deleted {
+                expected.insert(*id, v.to_string());
+            }
+        }
+        r.sink
+            .commit(
+                &r.target,
+                &batch(r.target.arrow_schema(), &rows),
+                &n.to_string(),
+            )
+            .await
+            .unwrap();
+        let md = table_metadata(&catalog_db).await;
+        assert_eq!(
+            summary_number(&md, "total-equality-deletes"),
+            0,
+            "batch {n}: {md}"
+        );
+        assert_eq!(summary_number(&md, "total-delete-files"), 0, "batch {n}");
+    }
+    // An update of a key the table holds, and a new key: one delete.
+    r.sink
+        .commit(
+            &r.target,
+            &batch(
+                r.target.arrow_schema(),
+                &[(500, "updated", false), (3000, "new", false)],
+            ),
+            "3",
+        )
+        .await
+        .unwrap();
+    expected.insert(500, "updated".into());
+    expected.insert(3000, "new".into());
+    let md = table_metadata(&catalog_db).await;
+    assert_eq!(summary_number(&md, "added-equality-deletes"), 1, "{md}");
+
+    // A new run knows the table's keys from its data files alone.
+    let second = common::plan_sql(&text).await.unwrap();
+    let r = &second.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    r.sink
+        .commit(
+            &r.target,
+            &batch(
+                r.target.arrow_schema(),
+                &[
+                    (1500, "after restart", false),
+                    (2000, "", true),
+                    (10_000, "new", false),
+                    (20_000, "", true),
+                ],
+            ),
+            "4",
+        )
+        .await
+        .unwrap();
+    expected.insert(1500, "after restart".into());
+    expected.remove(&2000);
+    expected.insert(10_000, "new".into());
+    let md = table_metadata(&catalog_db).await;
+    assert_eq!(
+        summary_number(&md, "added-equality-deletes"),
+        2,
+        "1500 and 2000 may be in the table, 10000 and 20000 cannot: {md}"
+    );
+    assert_eq!(md["properties"]["cdc.position"], "4");
+
+    let location = common::catalog_metadata_location(&catalog_db, "k", "t")
+        .await
+        .unwrap();
+    let rows = common::duckdb_rows(&python, &location, "id");
+    let want: Vec<Value> = expected
+        .iter()
+        .map(|(id, v)| json!({"id": id, "v": v}))
+        .collect();
+    assert_eq!(rows.len(), want.len(), "row count as DuckDB reads it");
+    assert_eq!(rows, want);
+}

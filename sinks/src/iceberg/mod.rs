@@ -12,6 +12,7 @@ mod deletes;
 mod durable;
 mod expiry;
 mod files;
+mod key_ranges;
 pub mod maintenance;
 mod maintenance_turn;
 mod manifest_merge;
@@ -24,8 +25,9 @@ use std::fmt::Display;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::array::{Array, AsArray};
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::compute::{filter_record_batch, not};
+use arrow::compute::{and, filter, filter_record_batch, not, or};
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::TableProvider;
@@ -42,6 +44,7 @@ use urutau_planner::target::TargetTable;
 
 use catalog::{Conn, Outcome, RestCatalogConn, RestConfig, SqlCatalogConn};
 use commit::RowDelta;
+use key_ranges::KeyRanges;
 use maintenance::Maintenance;
 
 /// Maps an error of the iceberg crate (or any other) into a sink error with
@@ -319,6 +322,9 @@ struct TableState {
     /// The spec equality deletes are written with (unpartitioned, so they
     /// apply in every partition).
     delete_spec: PartitionSpecRef,
+    /// Where the table's keys may be: a row outside every range is new and
+    /// needs no equality delete (see [`key_ranges`]).
+    key_ranges: KeyRanges,
     /// When compaction last ran on this table (never: due).
     last_compaction: Option<Instant>,
     /// When snapshot expiry last ran on this table (never: due).
@@ -463,16 +469,21 @@ impl IcebergSink {
     /// Swaps in what `build` makes of the current table, reloading and
     /// rebuilding after a conflict; a commit whose outcome is unknown is
     /// looked for by its id before it is tried again.
+    ///
+    /// `fresh` holds the keys of the rows written without an equality
+    /// delete (none was in the table): when a conflict shows another
+    /// writer's commit, those of them its files may hold get one.
     async fn commit_with_retries(
         &self,
         state: &mut TableState,
-        delta: &RowDelta,
+        delta: &mut RowDelta,
         position_only: bool,
+        mut fresh: Option<ArrayRef>,
     ) -> Result<(), SinkError> {
         let conn = self.conn().await?;
         let mut table = state.table.clone();
         let mut last_error = None;
-        let added: Vec<String> = delta
+        let mut added: Vec<String> = delta
             .data_files
             .iter()
             .chain(&delta.delete_files)
@@ -485,6 +496,11 @@ impl IcebergSink {
                 if !position_only && commit::holds_commit(table.metadata(), &delta.commit_id) {
                     state.table = table;
                     return Ok(());
+                }
+                if let Some(keys) = fresh.take() {
+                    fresh = self
+                        .delete_fresh_keys_now_present(state, &table, keys, delta, &mut added)
+                        .await?;
                 }
             }
             let result = if position_only {
@@ -582,6 +598,14 @@ impl Sink for IcebergSink {
             key_indices.push(i);
             key_ids.push(current.field_id_by_name(k).unwrap_or_default());
         }
+        let key_ranges = match key_ids.as_slice() {
+            [id] if target.mode == WriteMode::Upsert => {
+                let live = compaction::live_files(&table).await?;
+                KeyRanges::from_live_files(&live.files, *id)
+            }
+            _ => KeyRanges::anywhere(),
+        };
+        tracing::debug!(table = %ident, tracking = key_ranges.is_tracking(), "where the table's keys may be");
         self.tables.lock().await.insert(
             target.display_name(),
             Arc::new(Mutex::new(TableState {
@@ -591,6 +615,7 @@ impl Sink for IcebergSink {
                 key_indices,
                 key_ids,
                 delete_spec,
+                key_ranges,
                 last_compaction: None,
                 last_expiry: None,
                 last_orphan_cleanup: None,
@@ -668,14 +693,18 @@ impl IcebergSink {
             if commit::committed_position(s.table.metadata()).as_deref() == position {
                 return Ok(());
             }
-            self.commit_with_retries(&mut s, &delta, true).await?;
+            self.commit_with_retries(&mut s, &mut delta, true, None)
+                .await?;
             self.maintain(&mut s).await;
             return Ok(());
         }
-        if batch.rows.num_rows() > 0 {
-            self.write_files(target, &s, batch, &mut delta).await?;
-        }
-        self.commit_with_retries(&mut s, &delta, false).await?;
+        let fresh = if batch.rows.num_rows() > 0 {
+            self.write_files(target, &mut s, batch, &mut delta).await?
+        } else {
+            None
+        };
+        self.commit_with_retries(&mut s, &mut delta, false, fresh)
+            .await?;
         // Maintenance rewrites `main` only: it waits for the transaction's
         // end.
         if !delta.staged {
@@ -685,16 +714,19 @@ impl IcebergSink {
     }
 
     /// Writes the batch's data files (and, upserting, its equality-delete
-    /// file) into `delta`.
+    /// file) into `delta`. Returns the keys of the rows written without an
+    /// equality delete: [`TableState::key_ranges`] shows no row of the
+    /// table (or of its staged parts) can hold them.
     async fn write_files(
         &self,
         target: &TargetTable,
-        s: &TableState,
+        s: &mut TableState,
         batch: &SinkBatch,
         delta: &mut RowDelta,
-    ) -> Result<(), SinkError> {
+    ) -> Result<Option<ArrayRef>, SinkError> {
         let rows = conform_by_name(&batch.rows, &s.arrow).map_err(SinkError::Rejected)?;
         let mut deletes = None;
+        let mut fresh = None;
         let data = match target.mode {
             WriteMode::Upsert => {
                 let keys: Vec<ArrayRef> = s
@@ -704,6 +736,28 @@ impl IcebergSink {
                     .collect();
                 let keys = RecordBatch::try_new(schema::key_schema(&s.arrow, &s.key_indices), keys)
                     .map_err(io_error("the key columns"))?;
+                // Only a key the table may hold needs an equality delete; a
+                // delete of a key it cannot hold has nothing to remove.
+                let present = s.key_ranges.may_contain(keys.column(0));
+                let (keys, rows, batch_deletes) = if present.true_count() == present.len() {
+                    (keys, rows, batch.deletes.clone())
+                } else {
+                    let live = not(&batch.deletes).map_err(io_error("selecting rows"))?;
+                    let new = and(&not(&present).map_err(io_error("selecting rows"))?, &live)
+                        .map_err(io_error("selecting rows"))?;
+                    let new_keys =
+                        filter(keys.column(0), &new).map_err(io_error("selecting rows"))?;
+                    fresh = (!new_keys.is_empty()).then_some(new_keys);
+                    // Rows kept: those the table may hold, and new live ones.
+                    let kept = or(&present, &live).map_err(io_error("selecting rows"))?;
+                    let deletes =
+                        filter(&batch.deletes, &kept).map_err(io_error("selecting rows"))?;
+                    (
+                        filter_record_batch(&keys, &present).map_err(io_error("selecting rows"))?,
+                        filter_record_batch(&rows, &kept).map_err(io_error("selecting rows"))?,
+                        deletes.as_boolean().clone(),
+                    )
+                };
                 // The delete file is encoded on another worker while this
                 // one encodes the data files.
                 let (table, key_ids, spec_id) =
@@ -713,8 +767,12 @@ impl IcebergSink {
                 }));
                 // Rows that stay: every key's latest image, unless deleted
                 // (with no deletes the kernel returns the columns as they are).
-                let keep = not(&batch.deletes).map_err(io_error("selecting rows"))?;
-                filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?
+                let keep = not(&batch_deletes).map_err(io_error("selecting rows"))?;
+                let data = filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?;
+                if let [k] = s.key_indices.as_slice() {
+                    s.key_ranges.add_keys(data.column(*k));
+                }
+                data
             }
             WriteMode::Append | WriteMode::AppendIdempotent => rows,
         };
@@ -725,7 +783,46 @@ impl IcebergSink {
                 .await
                 .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))??;
         }
-        Ok(())
+        Ok(fresh)
+    }
+
+    /// After a conflict: another writer's commit may hold keys this delta
+    /// writes as new. Those of `fresh` the reloaded `table` may hold get an
+    /// equality delete (added to `delta` and `added`); returns the keys
+    /// still known new.
+    async fn delete_fresh_keys_now_present(
+        &self,
+        state: &mut TableState,
+        table: &Table,
+        fresh: ArrayRef,
+        delta: &mut RowDelta,
+        added: &mut Vec<String>,
+    ) -> Result<Option<ArrayRef>, SinkError> {
+        let [key_id] = state.key_ids.as_slice() else {
+            return Ok(None);
+        };
+        let live = compaction::live_files(table).await?;
+        let theirs = KeyRanges::from_live_files(&live.files, *key_id);
+        let present = theirs.may_contain(&fresh);
+        state.key_ranges.absorb(&theirs);
+        if present.true_count() == 0 {
+            return Ok(Some(fresh));
+        }
+        let now_present = filter(&fresh, &present).map_err(io_error("selecting rows"))?;
+        let keys = RecordBatch::try_new(
+            schema::key_schema(&state.arrow, &state.key_indices),
+            vec![now_present],
+        )
+        .map_err(io_error("the key columns"))?;
+        tracing::info!(table = %state.ident, keys = keys.num_rows(), "another writer committed rows whose keys this batch writes as new: they get an equality delete");
+        let files =
+            files::write_equality_deletes(table, keys, &state.key_ids, state.delete_spec.spec_id())
+                .await?;
+        added.extend(files.iter().map(|f| f.file_path().to_string()));
+        delta.delete_files.extend(files);
+        let still = filter(&fresh, &not(&present).map_err(io_error("selecting rows"))?)
+            .map_err(io_error("selecting rows"))?;
+        Ok((!still.is_empty()).then_some(still))
     }
 }
 

@@ -1,0 +1,318 @@
+//! Where an upsert table's keys may be: a conservative set of key ranges
+//! that holds every key the table (and its staged parts) has, so a row
+//! whose key lies outside every range is known to be new and is written as
+//! a plain append, with no equality delete. An initial snapshot reads a
+//! table in key order, chunk after chunk, so each chunk's keys lie above
+//! everything written before it; inserts of increasing ids do the same.
+//! Without this every such row would carry an equality delete, and a
+//! reader pays for each of them (DuckDB took minutes to count a freshly
+//! snapshotted 1M-row table).
+//!
+//! The set only ever over-approximates: ranges come from the key bounds of
+//! the live data files in the manifests (at load), and from the exact keys
+//! of each batch this sink writes (merged into runs, and coarsened when
+//! there are too many). Deletes never shrink it. It covers one key column
+//! of an integer type; any other key is "anywhere", which keeps the
+//! equality delete for every row, as before.
+
+use std::collections::BTreeMap;
+
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
+use arrow::datatypes::{DataType, Int32Type, Int64Type};
+use iceberg::spec::{DataContentType, Datum, PrimitiveLiteral};
+
+use super::compaction::LiveFile;
+
+/// Runs one batch may add; past it, the closest runs are merged.
+const RUNS_PER_BATCH: usize = 4096;
+/// Ranges the set keeps; past it, neighbours are merged pairwise.
+const MAX_RANGES: usize = 100_000;
+
+/// The ranges a table's keys may lie in.
+#[derive(Debug, Clone)]
+pub(super) struct KeyRanges {
+    /// Disjoint, non-adjacent inclusive ranges, by start; `None`: a key
+    /// may be anywhere.
+    ranges: Option<BTreeMap<i64, i64>>,
+}
+
+impl KeyRanges {
+    /// A set that says every key may be present (no key is ever new).
+    pub(super) fn anywhere() -> Self {
+        KeyRanges { ranges: None }
+    }
+
+    /// An empty set: no key is present.
+    #[cfg(test)]
+    fn empty() -> Self {
+        KeyRanges {
+            ranges: Some(BTreeMap::new()),
+        }
+    }
+
+    /// The ranges of the live data files among `live`, for the key field
+    /// `key_id`; `anywhere` when a data file carries no bounds for it, or
+    /// they are not integers.
+    pub(super) fn from_live_files<'a>(
+        live: impl IntoIterator<Item = &'a LiveFile>,
+        key_id: i32,
+    ) -> Self {
+        let mut set = KeyRanges {
+            ranges: Some(BTreeMap::new()),
+        };
+        for f in live {
+            let file = f.entry.data_file();
+            if file.content_type() != DataContentType::Data || file.record_count() == 0 {
+                continue;
+            }
+            let bound = |d: Option<&Datum>| d.and_then(integer);
+            match (
+                bound(file.lower_bounds().get(&key_id)),
+                bound(file.upper_bounds().get(&key_id)),
+            ) {
+                (Some(lo), Some(hi)) if lo <= hi => set.insert(lo, hi),
+                _ => return KeyRanges::anywhere(),
+            }
+        }
+        set
+    }
+
+    /// Whether the set can say anything (its key is one integer column).
+    pub(super) fn is_tracking(&self) -> bool {
+        self.ranges.is_some()
+    }
+
+    /// For each row of the key column `keys`: whether its key may be
+    /// present. A key of another type, or a null, may be.
+    pub(super) fn may_contain(&self, keys: &ArrayRef) -> BooleanArray {
+        let n = keys.len();
+        let Some(ranges) = &self.ranges else {
+            return BooleanArray::from(vec![true; n]);
+        };
+        let hit = |k: i64| {
+            ranges
+                .range(..=k)
+                .next_back()
+                .is_some_and(|(_, hi)| *hi >= k)
+        };
+        match integers(keys) {
+            Some(values) => values
+                .into_iter()
+                .map(|k| Some(k.is_none_or(hit)))
+                .collect(),
+            None => BooleanArray::from(vec![true; n]),
+        }
+    }
+
+    /// Adds the keys of `keys` (a batch's key column): exact runs of
+    /// consecutive keys, the closest merged when there are more than
+    /// [`RUNS_PER_BATCH`]. A column of another type, or with a null, makes
+    /// the set `anywhere`.
+    pub(super) fn add_keys(&mut self, keys: &ArrayRef) {
+        if self.ranges.is_none() || keys.is_empty() {
+            return;
+        }
+        let Some(values) = integers(keys).and_then(|v| v.into_iter().collect::<Option<Vec<_>>>())
+        else {
+            self.ranges = None;
+            return;
+        };
+        for (lo, hi) in runs(values, RUNS_PER_BATCH) {
+            self.insert(lo, hi);
+        }
+    }
+
+    /// Adds every range of `other` (`anywhere` makes this `anywhere`).
+    pub(super) fn absorb(&mut self, other: &KeyRanges) {
+        match &other.ranges {
+            None => self.ranges = None,
+            Some(theirs) => {
+                for (lo, hi) in theirs {
+                    self.insert(*lo, *hi);
+                }
+            }
+        }
+    }
+
+    /// Adds the inclusive range `lo..=hi`, merged with any it touches.
+    fn insert(&mut self, mut lo: i64, mut hi: i64) {
+        let Some(ranges) = &mut self.ranges else {
+            return;
+        };
+        // A range starting at or before `lo` that reaches it (or `lo - 1`).
+        if let Some((&s, &e)) = ranges.range(..=lo).next_back()
+            && e.saturating_add(1) >= lo
+        {
+            lo = s;
+            hi = hi.max(e);
+            ranges.remove(&s);
+        }
+        // Ranges starting inside `lo..=hi + 1` are swallowed.
+        let swallowed: Vec<(i64, i64)> = ranges
+            .range(lo..=hi.saturating_add(1))
+            .map(|(s, e)| (*s, *e))
+            .collect();
+        for (s, e) in swallowed {
+            hi = hi.max(e);
+            ranges.remove(&s);
+        }
+        ranges.insert(lo, hi);
+        if ranges.len() > MAX_RANGES {
+            let merged: Vec<(i64, i64)> = ranges
+                .iter()
+                .map(|(s, e)| (*s, *e))
+                .collect::<Vec<_>>()
+                .chunks(2)
+                .map(|c| (c[0].0, c[c.len() - 1].1))
+                .collect();
+            *ranges = merged.into_iter().collect();
+        }
+    }
+
+    /// How many ranges the set holds (none when `anywhere`).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.ranges.as_ref().map_or(0, BTreeMap::len)
+    }
+}
+
+/// An integer bound's value.
+fn integer(d: &Datum) -> Option<i64> {
+    match d.literal() {
+        PrimitiveLiteral::Int(v) => Some(i64::from(*v)),
+        PrimitiveLiteral::Long(v) => Some(*v),
+        _ => None,
+    }
+}
+
+/// The values of an Int32 or Int64 column (`None` for another type).
+fn integers(keys: &ArrayRef) -> Option<Vec<Option<i64>>> {
+    match keys.data_type() {
+        DataType::Int64 => Some(keys.as_primitive::<Int64Type>().iter().collect()),
+        DataType::Int32 => Some(
+            keys.as_primitive::<Int32Type>()
+                .iter()
+                .map(|v| v.map(i64::from))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// `values` as inclusive runs of consecutive integers, at most `limit` of
+/// them: past it, the runs either side of the smallest gaps are merged.
+fn runs(mut values: Vec<i64>, limit: usize) -> Vec<(i64, i64)> {
+    values.sort_unstable();
+    values.dedup();
+    let mut runs: Vec<(i64, i64)> = Vec::new();
+    for v in values {
+        match runs.last_mut() {
+            Some((_, hi)) if hi.saturating_add(1) == v => *hi = v,
+            _ => runs.push((v, v)),
+        }
+    }
+    if runs.len() <= limit {
+        return runs;
+    }
+    // Keep the `limit - 1` widest gaps as the cuts.
+    let mut gaps: Vec<(u64, usize)> = runs
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| (w[1].0.abs_diff(w[0].1), i))
+        .collect();
+    gaps.sort_unstable_by(|a, b| b.cmp(a));
+    let mut cuts: Vec<usize> = gaps[..limit - 1].iter().map(|(_, i)| *i).collect();
+    cuts.sort_unstable();
+    let mut merged = Vec::with_capacity(limit);
+    let mut start = 0;
+    for cut in cuts.into_iter().chain([runs.len() - 1]) {
+        merged.push((runs[start].0, runs[cut].1));
+        start = cut + 1;
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int32Array, Int64Array, StringArray};
+
+    use super::*;
+
+    fn longs(v: &[i64]) -> ArrayRef {
+        Arc::new(Int64Array::from(v.to_vec()))
+    }
+
+    fn contains(set: &KeyRanges, v: &[i64]) -> Vec<bool> {
+        set.may_contain(&longs(v))
+            .iter()
+            .map(Option::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn keys_outside_every_range_are_new() {
+        let mut set = KeyRanges::empty();
+        assert_eq!(contains(&set, &[1, 5]), [false, false]);
+        set.add_keys(&longs(&[3, 1, 2, 10]));
+        assert_eq!(set.len(), 2, "{set:?}");
+        assert_eq!(
+            contains(&set, &[0, 1, 2, 3, 4, 9, 10, 11]),
+            [false, true, true, true, false, false, true, false]
+        );
+        // Filling the gap joins the ranges.
+        set.add_keys(&longs(&[4, 5, 6, 7, 8, 9]));
+        assert_eq!(set.len(), 1, "{set:?}");
+        assert_eq!(contains(&set, &[0, 5, 11]), [false, true, false]);
+    }
+
+    #[test]
+    fn a_chunk_after_another_is_new_and_joins_it() {
+        let mut set = KeyRanges::empty();
+        let first: Vec<i64> = (1..=100_000).collect();
+        set.add_keys(&longs(&first));
+        let second: Vec<i64> = (100_001..=200_000).collect();
+        assert!(contains(&set, &second).iter().all(|p| !p));
+        set.add_keys(&longs(&second));
+        assert_eq!(set.len(), 1);
+    }
+
+    #[test]
+    fn too_many_runs_merge_across_the_smallest_gaps_and_stay_a_superset() {
+        // Every other key: 10_000 runs of one, more than a batch may add.
+        let sparse: Vec<i64> = (0..10_000).map(|i| i * 2).collect();
+        let mut set = KeyRanges::empty();
+        set.add_keys(&longs(&sparse));
+        assert!(set.len() <= RUNS_PER_BATCH, "{}", set.len());
+        assert!(contains(&set, &sparse).iter().all(|p| *p));
+        assert_eq!(contains(&set, &[-1, 20_000]), [false, false]);
+        // A wide gap is kept as a cut.
+        let r = runs(vec![1, 3, 5, 1000, 1002], 2);
+        assert_eq!(r, [(1, 5), (1000, 1002)]);
+    }
+
+    #[test]
+    fn past_the_range_limit_neighbours_merge() {
+        let mut set = KeyRanges::empty();
+        for i in 0..(MAX_RANGES as i64 + 1) {
+            set.insert(i * 10, i * 10);
+        }
+        assert!(set.len() <= MAX_RANGES / 2 + 1, "{}", set.len());
+        assert_eq!(contains(&set, &[0, 10, 500, -5]), [true, true, true, false]);
+    }
+
+    #[test]
+    fn other_key_types_and_nulls_are_anywhere() {
+        let mut set = KeyRanges::empty();
+        let text: ArrayRef = Arc::new(StringArray::from(vec!["a"]));
+        assert_eq!(set.may_contain(&text).value(0), true);
+        let ints: ArrayRef = Arc::new(Int32Array::from(vec![Some(7), None]));
+        let p = set.may_contain(&ints);
+        assert!(!p.value(0) && p.value(1));
+        set.add_keys(&ints);
+        assert!(!set.is_tracking());
+        assert_eq!(contains(&set, &[123]), [true]);
+        assert!(!KeyRanges::anywhere().is_tracking());
+    }
+}
