@@ -176,6 +176,40 @@ pub fn duckdb_select(metadata: &str, select: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// DuckDB's `count(*)` over an Iceberg table and over its data files.
+pub struct TimedCount {
+    /// Rows `iceberg_scan` counts (deletes applied).
+    pub table_rows: u64,
+    /// Seconds that count took.
+    pub table_seconds: f64,
+    /// Live data files of the current snapshot.
+    pub data_files: usize,
+    /// Seconds counting those files directly as Parquet took.
+    pub files_seconds: f64,
+}
+
+/// Times DuckDB's `count(*)` over the table at `metadata` and over its
+/// data files read directly (`iceberg_read.py --time-count`).
+pub fn duckdb_time_count(metadata: &str) -> TimedCount {
+    let out = std::process::Command::new(harness_python())
+        .arg(harness_script("iceberg_read.py"))
+        .args(["--time-count", metadata])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "DuckDB could not count {metadata}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    TimedCount {
+        table_rows: v["table_rows"].as_u64().unwrap(),
+        table_seconds: v["table_seconds"].as_f64().unwrap(),
+        data_files: v["data_files"].as_u64().unwrap() as usize,
+        files_seconds: v["files_seconds"].as_f64().unwrap(),
+    }
+}
+
 /// Peak resident memory of this process so far (VmHWM).
 pub fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

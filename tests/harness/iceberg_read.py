@@ -6,6 +6,7 @@ independent reader of what urutau's Iceberg sink wrote.
     python iceberg_read.py <metadata.json> --select 'count(*) AS n, sum(v) AS v'
     python iceberg_read.py --avro-rows <file.avro>
     python iceberg_read.py --check-sequence-numbers <metadata.json>
+    python iceberg_read.py --time-count <metadata.json>
     python iceberg_read.py --rest URI --warehouse s3://B/ --credential ID:SECRET
         --table NS.T --s3-endpoint http://H:P [--order-by COL[,COL...]] [--metadata]
 
@@ -216,6 +217,40 @@ def referenced_files(metadata_json):
         print(path)
 
 
+def time_count(metadata_json):
+    """Times count(*) over the table (iceberg_scan: deletes applied) and
+    over its current snapshot's live data files read directly as Parquet,
+    in one connection; prints both counts and seconds as one JSON object
+    (what a reader pays for the table's deletes)."""
+    import time
+
+    def local(p):
+        return p[len("file://"):] if p.startswith("file://") else p
+
+    with open(local(metadata_json)) as f:
+        md = json.load(f)
+    con = connect()
+    current = next(s for s in md["snapshots"] if s["snapshot-id"] == md["current-snapshot-id"])
+    files, deletes = [], 0
+    for (manifest,) in con.execute("SELECT manifest_path FROM read_avro(?)",
+                                   [local(current["manifest-list"])]).fetchall():
+        for (path, content) in con.execute(
+                "SELECT data_file.file_path, data_file.content FROM read_avro(?) WHERE status <> 2",
+                [local(manifest)]).fetchall():
+            if content == 0:
+                files.append(local(path))
+            else:
+                deletes += 1
+    started = time.monotonic()
+    table_rows = con.execute("SELECT count(*) FROM iceberg_scan(?)", [metadata_json]).fetchone()[0]
+    table_s = time.monotonic() - started
+    started = time.monotonic()
+    file_rows = con.execute("SELECT count(*) FROM read_parquet(?)", [files]).fetchone()[0]
+    files_s = time.monotonic() - started
+    print(json.dumps({"table_rows": table_rows, "table_seconds": table_s, "data_files": len(files),
+                      "delete_files": deletes, "file_rows": file_rows, "files_seconds": files_s}))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("metadata_json", nargs="?")
@@ -234,7 +269,12 @@ def main():
                    help="check the current snapshot's manifests (see check_sequence_numbers)")
     p.add_argument("--referenced-files", action="store_true",
                    help="list every file a kept snapshot reads (see referenced_files)")
+    p.add_argument("--time-count", action="store_true",
+                   help="time count(*) over the table and over its data files (see time_count)")
     args = p.parse_args()
+    if args.time_count:
+        time_count(args.metadata_json)
+        return
     if args.referenced_files:
         referenced_files(args.metadata_json)
         return

@@ -306,7 +306,7 @@ mod tests {
     fn other_key_types_and_nulls_are_anywhere() {
         let mut set = KeyRanges::empty();
         let text: ArrayRef = Arc::new(StringArray::from(vec!["a"]));
-        assert_eq!(set.may_contain(&text).value(0), true);
+        assert!(set.may_contain(&text).value(0));
         let ints: ArrayRef = Arc::new(Int32Array::from(vec![Some(7), None]));
         let p = set.may_contain(&ints);
         assert!(!p.value(0) && p.value(1));
