@@ -158,6 +158,36 @@ pub fn harness_python() -> std::path::PathBuf {
     python
 }
 
+/// A digest of the Iceberg table at `metadata` by Apache Iceberg's own
+/// Java library (`tests/harness/IcebergRead.java --digest`: rows, `sum`
+/// per integer/decimal column, `length` per string column): the second
+/// independent reader, quick where DuckDB's iceberg extension is slow
+/// (many snapshots of equality deletes). Needs
+/// `tests/harness/iceberg-java-fetch` (`URUTAU_TEST_ICEBERG_JAVA`).
+pub fn iceberg_java_digest(metadata: &str) -> serde_json::Value {
+    let home = std::env::var("URUTAU_TEST_ICEBERG_JAVA")
+        .unwrap_or_else(|_| "/var/tmp/urutau-iceberg-java".into());
+    assert!(
+        std::path::Path::new(&home)
+            .join("classes/IcebergRead.class")
+            .exists(),
+        "the Java Iceberg reader is missing under {home}: run tests/harness/iceberg-java-fetch (scripts/test does)"
+    );
+    let out = std::process::Command::new("java")
+        .arg("-Xmx2g")
+        .arg("-cp")
+        .arg(format!("{home}/lib/*:{home}/classes"))
+        .args(["IcebergRead", metadata, "--digest"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "Iceberg's Java reader could not read {metadata}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// DuckDB's one-row answer to `select` (SQL expressions, e.g. aggregates)
 /// over the Iceberg table whose metadata is at `metadata`: a digest of a
 /// table too big to print, read by an independent reader.

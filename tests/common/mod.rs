@@ -240,6 +240,64 @@ pub fn duckdb_rows(
         .collect()
 }
 
+/// Where `tests/harness/iceberg-java-fetch` put Apache Iceberg's Java
+/// library and the compiled `IcebergRead`: `URUTAU_TEST_ICEBERG_JAVA`, or
+/// its default home. Missing, the test fails and says what to run
+/// (`scripts/test` runs it).
+pub fn iceberg_java_home() -> std::path::PathBuf {
+    let home = std::env::var("URUTAU_TEST_ICEBERG_JAVA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::PathBuf::from("/var/tmp/urutau-iceberg-java"));
+    assert!(
+        home.join("classes/IcebergRead.class").exists(),
+        "the Java Iceberg reader is not installed under {}: run tests/harness/iceberg-java-fetch (needs a Java 17 JDK and Maven; scripts/test runs it)",
+        home.display()
+    );
+    home
+}
+
+/// Runs the Java Iceberg reader (IcebergGenerics, Iceberg's reference
+/// implementation) over the table at `metadata` with `args`; its stdout.
+fn iceberg_java(metadata: &str, args: &[&str]) -> String {
+    let home = iceberg_java_home();
+    let out = std::process::Command::new("java")
+        .arg("-Xmx1g")
+        .arg("-cp")
+        .arg(format!(
+            "{}/lib/*:{}/classes",
+            home.display(),
+            home.display()
+        ))
+        .arg("IcebergRead")
+        .arg(metadata)
+        .args(args)
+        .output()
+        .expect("java runs (install a Java 17 JDK)");
+    assert!(
+        out.status.success(),
+        "Iceberg's Java reader could not read {metadata}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Rows of an Iceberg table as Iceberg's Java library reads them
+/// (`IcebergGenerics`, deletes applied by Iceberg itself), ordered by
+/// `order_by`, rendered as [`duckdb_rows`] renders DuckDB's.
+pub fn iceberg_java_rows(metadata: &str, order_by: &str) -> Vec<serde_json::Value> {
+    iceberg_java(metadata, &["--order-by", order_by])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A digest of an Iceberg table by Iceberg's Java library: `rows`, `sum`
+/// per integer or decimal column (decimals as strings) and `length` per
+/// string column (characters), for a table too big to compare row by row.
+pub fn iceberg_java_digest(metadata: &str) -> serde_json::Value {
+    serde_json::from_str(iceberg_java(metadata, &["--digest"]).trim()).unwrap()
+}
+
 /// Every file a snapshot kept in `metadata` reads (manifest lists,
 /// manifests, live data and delete files), as DuckDB reads the Avro.
 pub fn duckdb_referenced_files(python: &std::path::Path, metadata: &str) -> Vec<String> {

@@ -169,6 +169,11 @@ impl TableProvider for IcebergTableReader {
         if self.deletes.len() > 0 {
             read.extend(self.deletes.key().iter().copied());
         }
+        // A query that needs no column (`count(*)`) still reads one, for
+        // the row counts; the projection drops it.
+        if read.is_empty() && !self.arrow.fields().is_empty() {
+            read.push(0);
+        }
         read.sort_unstable();
         read.dedup();
         let read_schema = Arc::new(self.arrow.project(&read)?);
