@@ -1251,42 +1251,55 @@ async fn resume_reads_the_property_or_walks_the_branch_after_a_rollback() {
     assert!(problems.is_empty(), "{problems:#?}");
 }
 
+/// A pipeline of one upsert table `lake.t (id, v)` into the SQLite catalog
+/// under `dir`, namespace `ns`: for tests that drive the sink's API.
+fn id_v_pipeline(dir: &Path, ns: &str) -> String {
+    format!(
+        "CREATE SOURCE src FROM file WITH (path = '/dev/null');
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = '{ns}');
+CREATE TABLE src.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.t AS SELECT id, v FROM src.t;",
+        d = dir.display()
+    )
+}
+
+/// A batch of `(id, v, deleted)` rows for [`id_v_pipeline`]'s table.
+fn id_v_batch(
+    schema: arrow::datatypes::SchemaRef,
+    rows: &[(i64, &str, bool)],
+) -> urutau_planner::sink::SinkBatch {
+    use arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray};
+    urutau_planner::sink::SinkBatch {
+        rows: arrow::array::RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef,
+            ],
+        )
+        .unwrap(),
+        deletes: BooleanArray::from_iter(rows.iter().map(|r| Some(r.2))),
+    }
+}
+
 /// Two sinks writing one table: the second's commit conflicts, reloads and
 /// retries; a commit whose response is lost is found by its id, not
 /// committed twice.
 #[tokio::test]
 async fn commit_conflicts_retry_and_lost_responses_do_not_duplicate() {
-    use arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray};
-    use urutau_planner::sink::SinkBatch;
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "CREATE SOURCE src FROM file WITH (path = '/dev/null');
-CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'c');
-CREATE TABLE src.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
-CREATE TABLE lake.t AS SELECT id, v FROM src.t;",
-        d = dir.path().display()
-    );
+    let text = id_v_pipeline(dir.path(), "c");
     let a = common::plan_sql(&text).await.unwrap();
     let b = common::plan_sql(&text).await.unwrap();
     let (ra, rb) = (&a.routes[0], &b.routes[0]);
-    let batch = |ids: Vec<i64>, v: &str, deletes: Vec<bool>| SinkBatch {
-        rows: arrow::array::RecordBatch::try_new(
-            ra.target.arrow_schema(),
-            vec![
-                Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
-                Arc::new(StringArray::from(vec![v; ids.len()])) as ArrayRef,
-            ],
-        )
-        .unwrap(),
-        deletes: BooleanArray::from(deletes),
-    };
+    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
     ra.sink.ensure_table(&ra.target).await.unwrap();
     rb.sink.ensure_table(&rb.target).await.unwrap();
     ra.sink
         .commit(
             &ra.target,
-            &batch(vec![1, 2], "a", vec![false, false]),
+            &batch(&[(1, "a", false), (2, "a", false)]),
             "10",
         )
         .await
@@ -1295,7 +1308,7 @@ CREATE TABLE lake.t AS SELECT id, v FROM src.t;",
     rb.sink
         .commit(
             &rb.target,
-            &batch(vec![2, 3], "b", vec![false, false]),
+            &batch(&[(2, "b", false), (3, "b", false)]),
             "20",
         )
         .await
@@ -1303,7 +1316,7 @@ CREATE TABLE lake.t AS SELECT id, v FROM src.t;",
     // A lost response: the swap succeeded, the sink was told it failed.
     urutau_sinks::iceberg::faults::lose_next_responses(1);
     rb.sink
-        .commit(&rb.target, &batch(vec![1], "b", vec![true]), "30")
+        .commit(&rb.target, &batch(&[(1, "b", true)]), "30")
         .await
         .unwrap();
 
@@ -1387,28 +1400,10 @@ fn summary_number(md: &Value, key: &str) -> u64 {
 /// leave.
 #[tokio::test]
 async fn new_keys_are_appended_without_equality_deletes() {
-    use arrow::array::{ArrayRef, BooleanArray, Int64Array, StringArray};
-    use urutau_planner::sink::SinkBatch;
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "CREATE SOURCE src FROM file WITH (path = '/dev/null');
-CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'k');
-CREATE TABLE src.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
-CREATE TABLE lake.t AS SELECT id, v FROM src.t;",
-        d = dir.path().display()
-    );
-    let batch = |schema, rows: &[(i64, &str, bool)]| SinkBatch {
-        rows: arrow::array::RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef,
-            ],
-        )
-        .unwrap(),
-        deletes: BooleanArray::from_iter(rows.iter().map(|r| Some(r.2))),
-    };
+    let text = id_v_pipeline(dir.path(), "k");
+    let batch = id_v_batch;
     let catalog_db = dir.path().join("catalog.db");
     async fn table_metadata(catalog_db: &Path) -> Value {
         metadata_json(

@@ -192,10 +192,15 @@ pub fn iceberg_java_digest(metadata: &str) -> serde_json::Value {
 /// over the Iceberg table whose metadata is at `metadata`: a digest of a
 /// table too big to print, read by an independent reader.
 pub fn duckdb_select(metadata: &str, select: &str) -> serde_json::Value {
+    iceberg_read(metadata, &["--select", select])
+}
+
+/// `tests/harness/iceberg_read.py METADATA ARGS`'s one JSON answer.
+fn iceberg_read(metadata: &str, args: &[&str]) -> serde_json::Value {
     let out = std::process::Command::new(harness_python())
         .arg(harness_script("iceberg_read.py"))
         .arg(metadata)
-        .args(["--select", select])
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -221,17 +226,7 @@ pub struct TimedCount {
 /// Times DuckDB's `count(*)` over the table at `metadata` and over its
 /// data files read directly (`iceberg_read.py --time-count`).
 pub fn duckdb_time_count(metadata: &str) -> TimedCount {
-    let out = std::process::Command::new(harness_python())
-        .arg(harness_script("iceberg_read.py"))
-        .args(["--time-count", metadata])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "DuckDB could not count {metadata}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = iceberg_read(metadata, &["--time-count"]);
     TimedCount {
         table_rows: v["table_rows"].as_u64().unwrap(),
         table_seconds: v["table_seconds"].as_f64().unwrap(),

@@ -96,10 +96,7 @@ impl KeyRanges {
                 .is_some_and(|(_, hi)| *hi >= k)
         };
         match integers(keys) {
-            Some(values) => values
-                .into_iter()
-                .map(|k| Some(k.is_none_or(hit)))
-                .collect(),
+            Some(values) => values.map(|k| Some(k.is_none_or(hit))).collect(),
             None => BooleanArray::from(vec![true; n]),
         }
     }
@@ -112,8 +109,7 @@ impl KeyRanges {
         if self.ranges.is_none() || keys.is_empty() {
             return;
         }
-        let Some(values) = integers(keys).and_then(|v| v.into_iter().collect::<Option<Vec<_>>>())
-        else {
+        let Some(values) = integers(keys).and_then(|v| v.collect::<Option<Vec<_>>>()) else {
             self.ranges = None;
             return;
         };
@@ -185,16 +181,16 @@ fn integer(d: &Datum) -> Option<i64> {
     }
 }
 
-/// The values of an Int32 or Int64 column (`None` for another type).
-fn integers(keys: &ArrayRef) -> Option<Vec<Option<i64>>> {
+/// The values of an Int32 or Int64 column, read in place (`None` for
+/// another type).
+fn integers(keys: &ArrayRef) -> Option<Box<dyn Iterator<Item = Option<i64>> + '_>> {
     match keys.data_type() {
-        DataType::Int64 => Some(keys.as_primitive::<Int64Type>().iter().collect()),
-        DataType::Int32 => Some(
+        DataType::Int64 => Some(Box::new(keys.as_primitive::<Int64Type>().iter())),
+        DataType::Int32 => Some(Box::new(
             keys.as_primitive::<Int32Type>()
                 .iter()
-                .map(|v| v.map(i64::from))
-                .collect(),
-        ),
+                .map(|v| v.map(i64::from)),
+        )),
         _ => None,
     }
 }
