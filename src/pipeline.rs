@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use urutau_engine::metrics::Metrics;
 use urutau_engine::{RunOptions, RunReport, Shutdown};
 use urutau_planner::diagnostic::{Diagnostic, Diagnostics};
-use urutau_planner::plan::{ExplainFormat, PipelinePlan, plan_pipeline};
+use urutau_planner::plan::{
+    ExplainFormat, PipelinePlan, SchemaOverrides, plan_pipeline, plan_pipeline_with,
+};
 use urutau_planner::registry::Registry;
 use urutau_planner::spec::{PipelineSpec, SinkSpec};
 use urutau_planner::target::TargetTable;
@@ -322,25 +324,28 @@ impl Pipeline {
         let secrets = self.secrets.clone();
         let (spec, registry) = (self.spec.clone(), self.registry.clone());
         let (shown, text) = (self.shown.clone(), self.text.clone());
-        let replan = move || {
+        let replan = move |overrides: &SchemaOverrides| {
             let (spec, registry) = (spec.clone(), registry.clone());
             let (shown, text) = (shown.clone(), text.clone());
+            let overrides = overrides.clone();
             async move {
-                plan_pipeline(spec, &registry).await.map_err(|diags| {
-                    // A server that could not be asked, not a change that
-                    // made the pipeline invalid: one line per distinct
-                    // cause, as a retry logs it.
-                    let transient = diags.errors().all(|d| d.unavailable);
-                    let message = if transient {
-                        let mut causes: Vec<&str> =
-                            diags.errors().map(|d| d.message.as_str()).collect();
-                        causes.dedup();
-                        causes.join("; ")
-                    } else {
-                        diags.render(&shown, Some(&text))
-                    };
-                    urutau_engine::RunError::Plan { message, transient }
-                })
+                plan_pipeline_with(spec, &registry, &overrides)
+                    .await
+                    .map_err(|diags| {
+                        // A server that could not be asked, not a change that
+                        // made the pipeline invalid: one line per distinct
+                        // cause, as a retry logs it.
+                        let transient = diags.errors().all(|d| d.unavailable);
+                        let message = if transient {
+                            let mut causes: Vec<&str> =
+                                diags.errors().map(|d| d.message.as_str()).collect();
+                            causes.dedup();
+                            causes.join("; ")
+                        } else {
+                            diags.render(&shown, Some(&text))
+                        };
+                        urutau_engine::RunError::Plan { message, transient }
+                    })
             }
         };
         let task = tokio::spawn(async move {

@@ -30,6 +30,10 @@ pub struct TableStatus {
     /// `complete`) for a source that snapshots.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot_state: Option<String>,
+    /// The target table's schema version as the sink names it (Iceberg's
+    /// current schema id), as the run found or evolved it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_schema: Option<String>,
     #[serde(skip)]
     commit_seconds_sum: f64,
 }
@@ -64,6 +68,17 @@ pub struct SnapshotStatus {
     pub eta_seconds: Option<f64>,
 }
 
+/// One source table's shape, as the run follows it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SchemaStatus {
+    /// 1 for the shape the run was planned with, plus one per change of
+    /// shape the run followed (its routes planned again).
+    pub version: u64,
+    /// The last change followed (`column extra (INT) added`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_change: Option<String>,
+}
+
 /// The registry (a handle: clones share the figures).
 #[derive(Debug, Default, Clone)]
 pub struct Metrics {
@@ -80,6 +95,8 @@ struct Inner {
     retrying: Option<RetryStatus>,
     /// Retries so far, per failing part (`source pg`, `route lake.orders`).
     retries: BTreeMap<String, u64>,
+    /// Source tables' shapes, by `source.table`.
+    schemas: BTreeMap<String, SchemaStatus>,
 }
 
 /// Why the run is retrying (`/statusz`'s `health.retrying`; `/healthz`
@@ -202,6 +219,15 @@ impl Metrics {
         t.position = position;
     }
 
+    /// Route `table`'s target is at schema version `version`.
+    pub fn target_schema(&self, table: &str, version: String) {
+        self.lock()
+            .tables
+            .entry(table.to_string())
+            .or_default()
+            .target_schema = Some(version);
+    }
+
     /// A commit landed; `mark` is the committed position with the table's
     /// snapshot progress, if any (which sets the phase).
     pub fn committed(&self, table: &str, mark: &str, rows: u64, deletes: u64, seconds: f64) {
@@ -264,6 +290,21 @@ impl Metrics {
             .truncates_ignored += 1;
     }
 
+    /// Table `table` of `source` changed shape and its routes were planned
+    /// again (`change` says how).
+    pub fn schema_changed(&self, source: &str, table: &[String], change: &str) {
+        let mut g = self.lock();
+        let s = g
+            .schemas
+            .entry(format!("{source}.{}", table.join(".")))
+            .or_insert(SchemaStatus {
+                version: 1,
+                last_change: None,
+            });
+        s.version += 1;
+        s.last_change = Some(change.to_string());
+    }
+
     /// A message that could not be decoded was skipped.
     pub fn decode_skipped(&self, source: &str) {
         self.lock()
@@ -286,6 +327,7 @@ impl Metrics {
             "tables": g.tables,
             "sources": g.sources,
             "snapshots": g.snapshots,
+            "schemas": g.schemas,
         })
     }
 
@@ -381,6 +423,19 @@ impl Metrics {
                     "urutau_table_phase{{table=\"{}\",phase=\"{}\"}} 1",
                     label(t),
                     label(&s.phase)
+                )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_schema_changes_total",
+            "counter",
+            "Changes of a source table's shape that the run followed (its routes planned again).",
+            g.schemas.iter().map(|(t, s)| {
+                format!(
+                    "urutau_schema_changes_total{{table=\"{}\"}} {}",
+                    label(t),
+                    s.version - 1
                 )
             }),
         );

@@ -21,6 +21,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use urutau_planner::context;
+use urutau_planner::evolution::SchemaChange;
 use urutau_planner::feed::RouteBatch;
 use urutau_planner::physical::SinkCommitError;
 use urutau_planner::plan::PipelinePlan;
@@ -102,6 +103,18 @@ pub enum RunError {
     /// Planning the pipeline again (before a retry) failed.
     #[error("reading the sources' schemas again: {message}")]
     Plan { message: String, transient: bool },
+    /// Not a failure: a source table changed shape, and the pipeline must
+    /// be planned again with the shape it grew to
+    /// ([`crate::supervisor`] does, and goes on from the committed
+    /// positions). Left alone, it ends the run with what changed.
+    #[error("source {source_name}: {message}")]
+    SchemaChanged {
+        source_name: String,
+        message: String,
+        change: Arc<SchemaChange>,
+        /// Always false: the change is followed at once, not retried.
+        transient: bool,
+    },
 }
 
 impl RunError {
@@ -111,7 +124,8 @@ impl RunError {
             RunError::Commit { transient, .. }
             | RunError::Route { transient, .. }
             | RunError::Source { transient, .. }
-            | RunError::Plan { transient, .. } => *transient,
+            | RunError::Plan { transient, .. }
+            | RunError::SchemaChanged { transient, .. } => *transient,
         }
     }
 
@@ -122,7 +136,9 @@ impl RunError {
             RunError::Commit { route, .. } | RunError::Route { route, .. } => {
                 format!("route {route}")
             }
-            RunError::Source { source_name, .. } => format!("source {source_name}"),
+            RunError::Source { source_name, .. } | RunError::SchemaChanged { source_name, .. } => {
+                format!("source {source_name}")
+            }
             RunError::Plan { .. } => "planner".to_string(),
         }
     }
@@ -134,7 +150,7 @@ impl RunError {
         match self {
             RunError::Commit { .. } => "committing",
             RunError::Route { .. } => "opening",
-            RunError::Source { .. } => "reading",
+            RunError::Source { .. } | RunError::SchemaChanged { .. } => "reading",
             RunError::Plan { .. } => "planning",
         }
     }
@@ -149,6 +165,9 @@ impl RunError {
                 message, transient, ..
             }
             | RunError::Source {
+                message, transient, ..
+            }
+            | RunError::SchemaChanged {
                 message, transient, ..
             }
             | RunError::Plan { message, transient } => (message, transient),
@@ -172,10 +191,18 @@ impl RunError {
 
     /// The source's error, for source `name`.
     fn source(name: &str, e: sources::SourceError) -> RunError {
-        RunError::Source {
-            source_name: name.to_string(),
-            message: e.message,
-            transient: e.transient,
+        match e.schema_change {
+            Some(change) => RunError::SchemaChanged {
+                source_name: name.to_string(),
+                message: e.message,
+                change,
+                transient: false,
+            },
+            None => RunError::Source {
+                source_name: name.to_string(),
+                message: e.message,
+                transient: e.transient,
+            },
         }
     }
 
@@ -256,6 +283,9 @@ pub async fn run(
             _ => "stream",
         };
         metrics.table_started(&route.name, phase, parsed.as_ref().map(|p| p.to_string()));
+        if let Some(version) = route.sink.schema_version(&route.target).await {
+            metrics.target_schema(&route.name, version);
+        }
         metrics.route_opened(&route.name);
         resume.push(parsed);
         resume_snapshot.push(snapshot);

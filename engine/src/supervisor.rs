@@ -15,7 +15,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use urutau_planner::plan::PipelinePlan;
+use urutau_planner::evolution::SchemaChange;
+use urutau_planner::plan::{PipelinePlan, SchemaOverrides};
 
 use crate::metrics::RetryStatus;
 use crate::runner::{self, RouteReport, RunError, RunOptions, RunReport};
@@ -71,7 +72,7 @@ impl RetryBudgets {
             RunError::Route { route, .. } | RunError::Commit { route, .. } => {
                 self.routes.get(route)
             }
-            RunError::Plan { .. } => None,
+            RunError::Plan { .. } | RunError::SchemaChanged { .. } => None,
         };
         set.copied().unwrap_or(DEFAULT_RETRY_TIMEOUT)
     }
@@ -130,6 +131,11 @@ fn merge(into: &mut Vec<RouteReport>, more: Vec<RouteReport>) {
 /// once; planning again also reads the source's schemas afresh). The
 /// report adds up every attempt. `shutdown` stops the run, also while it
 /// waits to retry.
+///
+/// A source table that changes shape ([`RunError::SchemaChanged`]) is not
+/// a failure: the pipeline is planned again at once with the shape the
+/// table grew to (kept for every later plan of this run, in the overrides
+/// `replan` receives), and the run goes on from the committed positions.
 pub async fn run_with_retries<F, Fut>(
     plan: PipelinePlan,
     mut replan: F,
@@ -137,7 +143,7 @@ pub async fn run_with_retries<F, Fut>(
     shutdown: Shutdown,
 ) -> Result<RunReport, RunError>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(&SchemaOverrides) -> Fut,
     Fut: Future<Output = Result<PipelinePlan, RunError>>,
 {
     let metrics = options.metrics.clone();
@@ -147,6 +153,7 @@ where
     // The outage in progress: when it began and how often it was retried.
     let mut outage: Option<(Instant, f64, u32)> = None;
     let mut continues = false;
+    let mut overrides = SchemaOverrides::new();
     loop {
         // Each attempt has its own stop: a run's terminal error stops that
         // attempt's parts, not the caller's handle.
@@ -177,6 +184,36 @@ where
                     routes,
                     stopped: report.stopped,
                 });
+            }
+            Err(RunError::SchemaChanged { .. }) if shutdown.is_triggered() => {
+                return Ok(RunReport {
+                    routes,
+                    stopped: true,
+                });
+            }
+            Err(RunError::SchemaChanged { change, .. }) => {
+                tracing::info!(
+                    source = %change.source,
+                    table = %change.table.join("."),
+                    change = %change.description,
+                    "the table changed at the source: planning its routes again with its new shape, from the committed positions"
+                );
+                metrics.schema_changed(&change.source, &change.table, &change.description);
+                overrides.insert(
+                    (change.source.clone(), change.table.clone()),
+                    change.schema.clone(),
+                );
+                match replan(&overrides).await {
+                    Ok(p) => {
+                        plan = p;
+                        budgets = RetryBudgets::of(&plan);
+                        note_ignored_columns(&plan, &change);
+                        continue;
+                    }
+                    // The source went away meanwhile: an outage like any.
+                    Err(e) if e.is_transient() => e,
+                    Err(e) => return Err(e),
+                }
             }
             Err(e) if shutdown.is_triggered() || !e.is_transient() => return Err(e),
             Err(e) => e,
@@ -222,7 +259,7 @@ where
                     return Ok(RunReport { routes, stopped: true });
                 }
             }
-            match replan().await {
+            match replan(&overrides).await {
                 Ok(p) => {
                     plan = p;
                     budgets = RetryBudgets::of(&plan);
@@ -238,6 +275,22 @@ where
                     };
                 }
                 Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Logs the columns `change` added that a route of its table does not
+/// write (its SELECT names its columns): they do not reach that target.
+fn note_ignored_columns(plan: &PipelinePlan, change: &SchemaChange) {
+    for route in plan
+        .routes
+        .iter()
+        .filter(|r| r.source == change.source && r.source_table == change.table)
+    {
+        for column in &change.added {
+            if !route.target.columns.iter().any(|c| &c.name == column) {
+                tracing::info!(route = %route.name, column = %column, "the route does not write the column added at the source: its SELECT names its columns");
             }
         }
     }

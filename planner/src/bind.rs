@@ -205,7 +205,11 @@ impl Binder<'_> {
                     }
                 }
                 ProjectionItem::Expr { expr, alias } => {
-                    items.extend(self.bind_item(expr, alias.as_ref().map(|a| a.name.clone())));
+                    let bound = self.bind_item(expr, alias.as_ref().map(|a| a.name.clone()));
+                    if let Some(b) = &bound {
+                        self.refuse_dropped(&b.expr, b.span);
+                    }
+                    items.extend(bound);
                 }
             }
         }
@@ -243,6 +247,9 @@ impl Binder<'_> {
         }
 
         let filter = self.route.filter.as_ref().and_then(|f| self.bind_filter(f));
+        if let (Some(f), Some(written)) = (&filter, &self.route.filter) {
+            self.refuse_dropped(f, written.span);
+        }
 
         let key = self.resolve_key(&settings, &ordered);
         let mut key_source_columns: Vec<String> = Vec::new();
@@ -319,6 +326,7 @@ impl Binder<'_> {
             mode: settings.mode,
             partition_by: settings.partition_by.clone(),
             workers: settings.workers,
+            schema_changes: settings.schema_changes,
         };
 
         let mut projection = vec![
@@ -340,6 +348,42 @@ impl Binder<'_> {
             warnings: Diagnostics::default(),
             key_source_columns,
         })
+    }
+
+    /// A route that names a column its source table no longer has (dropped
+    /// or renamed at the source since the pipeline was planned) cannot go
+    /// on: it would write NULL where the user asked for the column.
+    fn refuse_dropped(&mut self, expr: &Expr, span: Span) {
+        let dropped = &self.source.schema.dropped;
+        if dropped.is_empty() {
+            return;
+        }
+        let mut named: Vec<String> = Vec::new();
+        let _ = expr.apply(|e| {
+            if let Expr::Column(c) = e
+                && dropped.contains(&c.name)
+                && !named.contains(&c.name)
+            {
+                named.push(c.name.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        for column in named {
+            let d = self
+                .error(
+                    span,
+                    format!(
+                        "route {} names column `{column}`, which was dropped (or renamed) at the source {}",
+                        self.route.display_name(),
+                        self.route.source_table
+                    ),
+                )
+                .with_rule("a route reads only columns its source table has; the target keeps the column, NULL from then on")
+                .with_help(format!(
+                    "remove `{column}` from the route, or name the column that replaced it"
+                ));
+            self.diags.push(d);
+        }
     }
 
     /// An `append-idempotent` route must land the transport coordinate, as

@@ -12,6 +12,7 @@ pub mod bind;
 pub mod cast;
 pub mod context;
 pub mod diagnostic;
+pub mod evolution;
 pub mod feed;
 pub mod functions;
 pub mod logical;

@@ -31,6 +31,7 @@ use datafusion::prelude::SessionConfig;
 
 use crate::bind::{BoundRoute, SourceContext, bind_route};
 use crate::diagnostic::{Diagnostic, Diagnostics};
+use crate::evolution::{SchemaChanges, merge_with_catalog};
 use crate::feed::RouteFeed;
 use crate::functions;
 use crate::logical::{ChangeFilterNode, CollapseNode, OnMiss, SinkNode, extension};
@@ -73,7 +74,18 @@ pub struct SourceTablePlan {
     pub routes: Vec<usize>,
     /// Which update before-images its routes need.
     pub before_images: BeforeImages,
+    /// What a change of the table's shape does: `fail` when any of its
+    /// routes says so (a change cannot be followed for one route and
+    /// refused for another of the same stream).
+    pub schema_changes: SchemaChanges,
 }
+
+/// Shapes a run asks source tables to be planned with, keyed by (source,
+/// table): what a stream found the table grown to
+/// ([`SchemaChange`](crate::evolution::SchemaChange)). Planning merges each
+/// with the shape the source reports now
+/// ([`merge_with_catalog`](crate::evolution::merge_with_catalog)).
+pub type SchemaOverrides = HashMap<(String, Vec<String>), SourceTableSchema>;
 
 /// Which before images of updates a source must emit (as `__before`
 /// rows) for a table. Upsert routes need one only when the update changed
@@ -131,6 +143,9 @@ pub struct RoutePlan {
     /// Where the runner pushes the route's change batches.
     pub feed: Arc<RouteFeed>,
     pub bound: BoundRoute,
+    /// The route's `schema_changes`, when its source reports its tables'
+    /// shape (a declared table has none to follow).
+    pub schema_changes: Option<SchemaChanges>,
 }
 
 /// How `plan --explain` renders physical plans.
@@ -162,8 +177,18 @@ pub fn session_state() -> SessionState {
 /// Validates, binds and plans every route of `spec`. Errors (and the
 /// warnings found with them) come back as diagnostics.
 pub async fn plan_pipeline(
+    spec: PipelineSpec,
+    registry: &Registry,
+) -> Result<PipelinePlan, Diagnostics> {
+    plan_pipeline_with(spec, registry, &SchemaOverrides::new()).await
+}
+
+/// [`plan_pipeline`], with the tables in `overrides` planned with the
+/// shapes a run found them grown to (a schema change at the source).
+pub async fn plan_pipeline_with(
     mut spec: PipelineSpec,
     registry: &Registry,
+    overrides: &SchemaOverrides,
 ) -> Result<PipelinePlan, Diagnostics> {
     let mut diags = validate(&mut spec, registry);
     if diags.has_errors() {
@@ -206,6 +231,11 @@ pub async fn plan_pipeline(
                 continue;
             }
         };
+        let schema =
+            match overrides.get(&(source.name.name.clone(), route.source_table.parts.clone())) {
+                Some(grown) => merge_with_catalog(&schema, grown),
+                None => schema,
+            };
         let namespace = sink_provider
             .def()
             .namespace_option
@@ -274,6 +304,9 @@ pub async fn plan_pipeline(
                 t.routes.push(index);
                 t.before_images =
                     std::mem::replace(&mut t.before_images, BeforeImages::Never).union(needs);
+                if bound.settings.schema_changes == SchemaChanges::Fail {
+                    t.schema_changes = SchemaChanges::Fail;
+                }
             }
             None => source_plan.tables.push(SourceTablePlan {
                 table: route.source_table.parts.clone(),
@@ -285,8 +318,11 @@ pub async fn plan_pipeline(
                 scan_schema: Arc::clone(&bound.scan_schema),
                 routes: vec![index],
                 before_images: needs,
+                schema_changes: bound.settings.schema_changes,
             }),
         }
+        let schema_changes =
+            (!source_provider.def().declares_tables).then_some(bound.settings.schema_changes);
         routes.push(RoutePlan {
             name: route.display_name(),
             source: source.name.name.clone(),
@@ -299,6 +335,7 @@ pub async fn plan_pipeline(
             physical,
             feed,
             bound,
+            schema_changes,
         });
     }
     if diags.has_errors() {
@@ -438,12 +475,15 @@ impl PipelinePlan {
             }
             let _ = writeln!(
                 out,
-                "-- route {}: {}.{} -> {} ({})",
+                "-- route {}: {}.{} -> {} ({}{})",
                 r.name,
                 r.source,
                 r.source_table.join("."),
                 r.target.display_name(),
-                r.target.mode
+                r.target.mode,
+                r.schema_changes
+                    .map(|p| format!(", schema_changes={p}"))
+                    .unwrap_or_default()
             );
             let _ = writeln!(out, "logical plan:");
             let _ = writeln!(out, "{}", r.logical.display_indent());
@@ -534,6 +574,9 @@ impl PipelinePlan {
                     ""
                 }
             );
+            if r.settings.schema_changes == SchemaChanges::Fail {
+                let _ = writeln!(out, "  schema_changes=fail");
+            }
             for c in &t.columns {
                 let origin = match &c.origin {
                     ColumnOrigin::Data => String::new(),

@@ -50,6 +50,11 @@ pub type SourceRule = fn(&SourceSpec, &mut Diagnostics);
 pub struct SourceTableSchema {
     pub columns: Vec<ColumnSpec>,
     pub primary_key: Vec<String>,
+    /// Columns kept for the targets though the source no longer has them
+    /// (dropped or renamed after the pipeline was planned; see
+    /// [`crate::evolution`]): they read as NULL, and a route that names one
+    /// explicitly is refused.
+    pub dropped: Vec<String>,
 }
 
 /// Why a table's schema could not be had.
@@ -83,6 +88,7 @@ pub trait SourceProvider: Send + Sync {
             Some(d) => Ok(SourceTableSchema {
                 columns: d.columns.clone(),
                 primary_key: d.primary_key.iter().map(|k| k.name.clone()).collect(),
+                dropped: vec![],
             }),
             None => Err(SchemaError::Invalid(format!(
                 "source kind {} carries no schema: declare the table with CREATE TABLE {}.{} (...)",

@@ -176,6 +176,13 @@ pub trait Sink: Send + Sync + fmt::Debug {
         )))
     }
 
+    /// The version of `table`'s schema as the sink names it (Iceberg's
+    /// current schema id), for `/statusz`: it moves when a schema change
+    /// at the source evolves the table. `None`: the sink has none.
+    async fn schema_version(&self, _table: &TargetTable) -> Option<String> {
+        None
+    }
+
     /// What the sink does besides committing batches (e.g. Iceberg table
     /// maintenance), for `plan --explain`: a setting that takes effect
     /// shows in the plan. `None` when nothing.

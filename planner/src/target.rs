@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
+use crate::evolution::SchemaChanges;
 use crate::partition::PartitionField;
 use crate::spec::WriteMode;
 use crate::types::CanonicalType;
@@ -40,6 +41,10 @@ pub struct TargetTable {
     pub partition_by: Vec<PartitionField>,
     /// Workers that split the key space (1 = collapsed).
     pub workers: u32,
+    /// Whether the sink may evolve an existing table toward this one (add
+    /// columns, promote types, relax columns the route no longer writes to
+    /// nullable) instead of refusing the difference.
+    pub schema_changes: SchemaChanges,
 }
 
 impl TargetTable {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::context::Transport;
 use crate::diagnostic::{Diagnostic, Diagnostics, Span, did_you_mean};
+use crate::evolution::SchemaChanges;
 use crate::options::{OptionDef, OptionMap, OptionType, check_options, parse_duration};
 use crate::partition::{PartitionField, parse_partition_by};
 use crate::registry::Registry;
@@ -72,6 +73,13 @@ pub fn route_options() -> Vec<OptionDef> {
         )
         .default("1"),
         OptionDef::new(
+            "schema_changes",
+            OptionType::Enum(&["evolve", "fail"]),
+            "when the source table changes shape: evolve the target (add columns, promote types, keep dropped columns) or stop",
+        )
+        .default("evolve")
+        .aliases(&["schemaChanges"]),
+        OptionDef::new(
             "on_delete",
             OptionType::Enum(&["record", "skip"]),
             "append modes: record a delete as a row (default) or skip it",
@@ -110,6 +118,8 @@ pub struct RouteSettings {
     pub workers: u32,
     /// Append modes: skip deletes instead of recording them.
     pub skip_deletes: bool,
+    /// What a change of the source table's shape does.
+    pub schema_changes: SchemaChanges,
 }
 
 /// Parses a route's options (call after validation).
@@ -127,6 +137,10 @@ pub fn route_settings(route: &RouteSpec) -> RouteSettings {
             .unwrap_or_default(),
         workers: o.get("workers").and_then(|w| w.parse().ok()).unwrap_or(1),
         skip_deletes: o.get("on_delete") == Some("skip"),
+        schema_changes: o
+            .get("schema_changes")
+            .and_then(SchemaChanges::parse)
+            .unwrap_or_default(),
     }
 }
 
@@ -410,6 +424,22 @@ pub fn validate(spec: &mut PipelineSpec, registry: &Registry) -> Diagnostics {
                 )
                 .with_rule("append-idempotent relies on the transport's own monotonic coordinate (partition + offset) to make duplicates provably absent")
                 .with_help("use write_mode = 'upsert' (idempotent by key) or 'append' (at-least-once)"),
+            );
+        }
+        if let Some(e) = route.options.entry("schema_changes")
+            && let Some(src) = &source_def
+            && src.declares_tables
+        {
+            d.push(
+                Diagnostic::error(
+                    e.name_span,
+                    format!(
+                        "schema_changes applies to sources that report their tables' shape (postgres); source `{}` ({}) reads the columns its table declares",
+                        route.source, src.name
+                    ),
+                )
+                .with_rule("a setting that cannot take effect is a validation error")
+                .with_help("change the declared columns (CREATE TABLE source.table (...)) and remove schema_changes"),
             );
         }
         if let Some(e) = route.options.entry("on_delete")

@@ -41,6 +41,7 @@ pub fn parse_pipeline_yaml(
     let mut front = YamlFront {
         env,
         diags: &mut diags,
+        evolve_schema: None,
     };
     let spec = front.pipeline(&root, default_name);
     match spec {
@@ -52,6 +53,9 @@ pub fn parse_pipeline_yaml(
 struct YamlFront<'a, 'e> {
     env: EnvLookup<'e>,
     diags: &'a mut Diagnostics,
+    /// The sink's `evolveSchema`, as every table's `schema_changes`
+    /// (`evolve` or `fail`) with where it was written.
+    evolve_schema: Option<(OptionValue, Span, Span)>,
 }
 
 /// `slotName` -> `slot_name`.
@@ -286,6 +290,19 @@ impl YamlFront<'_, '_> {
                     }
                 }
                 "maintenance" => self.maintenance(v, "maintenance", &mut options),
+                // The Go engine's sink-level switch: every table's
+                // `schema_changes`.
+                "evolveSchema" => match v.as_str() {
+                    Some("true") => {
+                        self.evolve_schema =
+                            Some((OptionValue::string("evolve"), k.span, v.text_span()))
+                    }
+                    Some("false") => {
+                        self.evolve_schema =
+                            Some((OptionValue::string("fail"), k.span, v.text_span()))
+                    }
+                    _ => self.error(v.span, "evolveSchema is true or false"),
+                },
                 _ => {
                     if let Some(value) = self.option_value(v) {
                         options.push(snake_case(key), value, k.span, v.text_span());
@@ -342,6 +359,7 @@ impl YamlFront<'_, '_> {
             "columns",
             "workers",
             "onDelete",
+            "schemaChanges",
             "createIfNotExists",
             "topic",
         ];
@@ -389,7 +407,7 @@ impl YamlFront<'_, '_> {
                     );
                     key_columns = names;
                 }
-                "writeMode" | "onDelete" => {
+                "writeMode" | "onDelete" | "schemaChanges" => {
                     if let Some(value) = self.option_value(v) {
                         options.push(snake_case(key), value, k.span, v.text_span());
                     }
@@ -556,6 +574,11 @@ impl YamlFront<'_, '_> {
             span: node.span,
         }];
         projection.extend(meta);
+        if options.entry("schema_changes").is_none()
+            && let Some((value, name_span, value_span)) = &self.evolve_schema
+        {
+            options.push("schema_changes", value.clone(), *name_span, *value_span);
+        }
         spec.routes.push(RouteSpec {
             sink: sink.clone(),
             target,

@@ -15,6 +15,7 @@ use arrow::record_batch::RecordBatch;
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use urutau_planner::evolution::SchemaChange;
 use urutau_planner::plan::SourcePlan;
 use urutau_planner::progress::SnapshotProgress;
 use urutau_planner::registry::{Registry, SourceProvider};
@@ -32,6 +33,11 @@ pub struct SourceError {
     pub message: String,
     /// Retrying later may succeed (no configuration or data problem).
     pub transient: bool,
+    /// Not a failure: a table changed shape at the source, and the run
+    /// must be planned again with the shape it grew to before the source
+    /// reads on (from the committed positions, so the changes of the new
+    /// shape are read with the new plan).
+    pub schema_change: Option<Arc<SchemaChange>>,
 }
 
 impl SourceError {
@@ -40,6 +46,7 @@ impl SourceError {
         SourceError {
             message: message.into(),
             transient: false,
+            schema_change: None,
         }
     }
 
@@ -48,6 +55,20 @@ impl SourceError {
         SourceError {
             message: message.into(),
             transient: true,
+            schema_change: None,
+        }
+    }
+
+    /// The source must be planned again: `change` grew a table's shape.
+    pub fn schema_changed(change: SchemaChange) -> Self {
+        SourceError {
+            message: format!(
+                "table {} changed at the source: {}",
+                change.table.join("."),
+                change.description
+            ),
+            transient: false,
+            schema_change: Some(Arc::new(change)),
         }
     }
 }

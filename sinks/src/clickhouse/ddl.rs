@@ -14,6 +14,7 @@
 //! ClickHouse cannot make an Array or a Map Nullable: a NULL list or map
 //! lands as an empty one (the sink warns when it creates such a column).
 
+use urutau_planner::evolution;
 use urutau_planner::spec::WriteMode;
 use urutau_planner::target::TargetTable;
 use urutau_planner::types::CanonicalType;
@@ -240,6 +241,147 @@ pub fn column_problems(existing: &[(String, String)], wanted: &[(String, String)
     out
 }
 
+/// `T` of `Nullable(T)` (normalized text), and whether it was Nullable.
+fn strip_nullable(type_text: &str) -> (String, bool) {
+    let t = normalized(type_text);
+    match t
+        .strip_prefix("Nullable(")
+        .and_then(|r| r.strip_suffix(')'))
+    {
+        Some(inner) => (inner.to_string(), true),
+        None => (t, false),
+    }
+}
+
+/// The canonical type of a ClickHouse base type, for the types a column
+/// can be promoted between (see [`urutau_planner::evolution::promotes`]).
+fn promotable(base: &str) -> Option<CanonicalType> {
+    Some(match base {
+        "Int32" => CanonicalType::Int32,
+        "Int64" => CanonicalType::Int64,
+        "Float32" => CanonicalType::Float32,
+        "Float64" => CanonicalType::Float64,
+        _ => {
+            let (p, s) = base
+                .strip_prefix("Decimal(")?
+                .strip_suffix(')')?
+                .split_once(',')?;
+            CanonicalType::Decimal {
+                precision: p.trim().parse().ok()?,
+                scale: s.trim().parse().ok()?,
+            }
+        }
+    })
+}
+
+/// The `ALTER TABLE` statements that evolve an existing table (`existing`:
+/// its `(name, type)` columns in order) toward `target`
+/// (`schema_changes = 'evolve'`): a column the table lacks is added
+/// (Nullable, after the route's columns, before the reserved ones); a
+/// column whose type the route widens in place (Int32 -> Int64, Float32 ->
+/// Float64, a Decimal's precision at the same scale) is modified; a
+/// column the route writes as nullable, or no longer writes, becomes
+/// Nullable. Any other difference (a type narrower than the table's, or
+/// of another kind) is an error naming the column (a key column's type
+/// never changes: ClickHouse cannot alter a sorting key column).
+pub fn evolution(
+    database: &str,
+    table: &str,
+    existing: &[(String, String)],
+    target: &TargetTable,
+) -> Result<Vec<String>, Vec<String>> {
+    let name = format!("{}.{}", ident(database), ident(table));
+    let order = target.order_columns();
+    let mut alters = Vec::new();
+    let mut problems = Vec::new();
+    let mut after = existing
+        .iter()
+        .take_while(|(n, _)| !RESERVED.contains(&n.as_str()))
+        .last()
+        .map(|(n, _)| n.clone());
+    for c in &target.columns {
+        let in_order = order.contains(&c.name.as_str());
+        let Some((_, have)) = existing.iter().find(|(n, _)| *n == c.name) else {
+            let place = match &after {
+                Some(a) => format!(" AFTER {}", ident(a)),
+                None => " FIRST".to_string(),
+            };
+            alters.push(format!(
+                "ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {} {}{place}",
+                ident(&c.name),
+                column_type(&c.ty, !in_order)
+            ));
+            after = Some(c.name.clone());
+            continue;
+        };
+        let (have_base, have_null) = strip_nullable(have);
+        let (want_base, want_null) = strip_nullable(&column_type(&c.ty, c.nullable && !in_order));
+        let nullable = have_null || want_null;
+        let base = if have_base == want_base {
+            have_base.clone()
+        } else {
+            match (promotable(&have_base), promotable(&want_base)) {
+                (Some(h), Some(w)) if evolution::promotes(&h, &w) && !in_order => want_base,
+                (Some(h), Some(w)) if evolution::promotes(&h, &w) => {
+                    problems.push(format!(
+                        "key column `{}` is {have} in the table and the route writes {want_base}: ClickHouse cannot change the type of a sorting key column",
+                        c.name
+                    ));
+                    continue;
+                }
+                _ => {
+                    problems.push(format!(
+                        "column `{}` is {have} in the table, and the route writes {want_base}: {}",
+                        c.name,
+                        evolution::PROMOTION_RULE
+                    ));
+                    continue;
+                }
+            }
+        };
+        if nullable != have_null || base != have_base {
+            let ty = if nullable {
+                format!("Nullable({base})")
+            } else {
+                base
+            };
+            alters.push(format!(
+                "ALTER TABLE {name} MODIFY COLUMN {} {ty}",
+                ident(&c.name)
+            ));
+        }
+    }
+    // Columns the route no longer writes keep their data and read NULL
+    // from now on (Array and Map cannot be Nullable: they read empty).
+    for (n, have) in existing {
+        if RESERVED.contains(&n.as_str()) || target.columns.iter().any(|c| &c.name == n) {
+            continue;
+        }
+        let (base, nullable) = strip_nullable(have);
+        if !nullable && !base.starts_with("Array(") && !base.starts_with("Map(") {
+            alters.push(format!(
+                "ALTER TABLE {name} MODIFY COLUMN {} Nullable({base})",
+                ident(n)
+            ));
+        }
+    }
+    let reserved: Vec<(String, String)> = table_columns(target)
+        .into_iter()
+        .filter(|(n, _)| RESERVED.contains(&n.as_str()))
+        .collect();
+    let reserved_existing: Vec<(String, String)> = existing
+        .iter()
+        .filter(|(n, _)| RESERVED.contains(&n.as_str()))
+        .cloned()
+        .collect();
+    problems.extend(column_problems(&reserved_existing, &reserved));
+    if problems.is_empty() {
+        Ok(alters)
+    } else {
+        Err(problems)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +446,77 @@ mod tests {
     }
 
     #[test]
+    fn evolving_alters_the_table_in_place() {
+        use urutau_planner::target::{ColumnOrigin, TargetColumn};
+        let column = |name: &str, ty: &str, nullable| TargetColumn {
+            name: name.into(),
+            ty: CanonicalType::parse(ty, false).unwrap(),
+            nullable,
+            origin: ColumnOrigin::Data,
+        };
+        let target = TargetTable {
+            name: vec!["t".into()],
+            columns: vec![
+                column("id", "BIGINT", false),
+                column("n", "BIGINT", true),
+                column("amount", "DECIMAL(12,2)", true),
+                column("extra", "INT", true),
+            ],
+            key: vec!["id".into()],
+            mode: WriteMode::Upsert,
+            partition_by: vec![],
+            workers: 1,
+            schema_changes: Default::default(),
+        };
+        let existing: Vec<(String, String)> = [
+            ("id", "Int64"),
+            ("v", "String"),
+            ("n", "Nullable(Int32)"),
+            ("amount", "Nullable(Decimal(10, 2))"),
+            ("position", "String"),
+            ("seq", "UInt64"),
+            ("is_deleted", "UInt8"),
+        ]
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect();
+        let alters = evolution("db", "t", &existing, &target).unwrap();
+        assert_eq!(
+            alters,
+            vec![
+                "ALTER TABLE `db`.`t` MODIFY COLUMN `n` Nullable(Int64)",
+                "ALTER TABLE `db`.`t` MODIFY COLUMN `amount` Nullable(Decimal(12,2))",
+                "ALTER TABLE `db`.`t` ADD COLUMN IF NOT EXISTS `extra` Nullable(Int32) AFTER `amount`",
+                "ALTER TABLE `db`.`t` MODIFY COLUMN `v` Nullable(String)",
+            ]
+        );
+        // Narrower than the table, or a key column's type: refused.
+        let mut narrower = target.clone();
+        narrower.columns[1] = column("n", "INT", true);
+        let evolved: Vec<(String, String)> = existing
+            .iter()
+            .map(|(n, t)| match n.as_str() {
+                "n" => (n.clone(), "Nullable(Int64)".to_string()),
+                _ => (n.clone(), t.clone()),
+            })
+            .collect();
+        let problems = evolution("db", "t", &evolved, &narrower).unwrap_err();
+        assert!(
+            problems[0].contains("`n` is Nullable(Int64)"),
+            "{problems:?}"
+        );
+        let key32: Vec<(String, String)> = existing
+            .iter()
+            .map(|(n, t)| match n.as_str() {
+                "id" => (n.clone(), "Int32".to_string()),
+                _ => (n.clone(), t.clone()),
+            })
+            .collect();
+        let problems = evolution("db", "t", &key32, &target).unwrap_err();
+        assert!(problems[0].contains("sorting key"), "{problems:?}");
+    }
+
+    #[test]
     fn an_append_idempotent_table_replaces_by_its_coordinate() {
         use urutau_planner::target::{ColumnOrigin, TargetColumn};
         let column = |name: &str, ty, origin| TargetColumn {
@@ -326,6 +539,7 @@ mod tests {
             mode: WriteMode::AppendIdempotent,
             partition_by: vec![],
             workers: 1,
+            schema_changes: Default::default(),
         };
         assert_eq!(target.order_columns(), ["topic", "part", "seq_no"]);
         let sql = create_table("db", "log", &target);

@@ -50,6 +50,7 @@ use clickhouse::{Client, Compression};
 use datafusion::catalog::TableProvider;
 use serde_json::Value;
 use tokio::sync::Mutex;
+use urutau_planner::evolution::SchemaChanges;
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SinkKindDef, SinkProvider};
 use urutau_planner::sink::{Sink, SinkBatch, SinkError};
@@ -405,7 +406,21 @@ impl ClickHouseSink {
                 )
             })
             .collect();
-        let mut problems = ddl::column_problems(&existing, &ddl::table_columns(target));
+        let mut problems = match target.schema_changes {
+            SchemaChanges::Fail => ddl::column_problems(&existing, &ddl::table_columns(target)),
+            SchemaChanges::Evolve => match ddl::evolution(database, table, &existing, target) {
+                Ok(alters) => {
+                    for sql in &alters {
+                        execute(&self.client, sql).await?;
+                    }
+                    if !alters.is_empty() {
+                        tracing::info!(table = %format!("{database}.{table}"), changes = %alters.join("; "), "evolved the table");
+                    }
+                    Vec::new()
+                }
+                Err(problems) => problems,
+            },
+        };
         let wanted_engine = ddl::engine_name(target);
         if engine != wanted_engine {
             problems.push(format!(

@@ -36,6 +36,7 @@ use iceberg::spec::{PartitionSpecRef, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent};
 use tokio::sync::{Mutex, OnceCell};
+use urutau_planner::evolution::SchemaChanges;
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SinkKindDef, SinkProvider};
 use urutau_planner::sink::{Sink, SinkBatch, SinkError};
@@ -433,6 +434,51 @@ impl IcebergSink {
         ))
     }
 
+    /// Evolves an existing table's schema toward `target` when it differs
+    /// ([`schema::evolve`]: columns added, types promoted, columns relaxed
+    /// to optional), in a metadata-only commit that keeps the table's
+    /// position: the rows of the new shape come in later commits, so a
+    /// crash never leaves them without their columns.
+    async fn evolve_table(
+        &self,
+        mut table: Table,
+        target: &TargetTable,
+    ) -> Result<Table, SinkError> {
+        for attempt in 0..COMMIT_TRIES {
+            let md = table.metadata();
+            let evolved = schema::evolve(md.current_schema(), md.last_column_id(), target)
+                .map_err(|problems| {
+                    SinkError::TableMismatch(format!(
+                        "{} exists and cannot be evolved to route {}: {}",
+                        table.identifier(),
+                        target.display_name(),
+                        problems.join("; ")
+                    ))
+                })?;
+            let Some(evolved) = evolved else {
+                return Ok(table);
+            };
+            let result = commit::next_metadata(&table)
+                .and_then(|b| b.add_current_schema(evolved.schema))
+                .and_then(|b| b.build())
+                .map_err(io_error("evolving the table's schema"))?;
+            match self.conn().await?.commit(&table, result, &[]).await {
+                Outcome::Committed(t) => {
+                    tracing::info!(table = %t.identifier(), schema_id = t.metadata().current_schema_id(), changes = %evolved.changes.join("; "), "evolved the table's schema");
+                    return Ok(t);
+                }
+                Outcome::Conflict | Outcome::Unknown(_) => {
+                    // Reloading shows whether it landed; the loop checks.
+                    tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
+                    table = self.reload(table.identifier()).await?;
+                }
+            }
+        }
+        Err(SinkError::Io(
+            "evolving the table's schema: too many conflicts".into(),
+        ))
+    }
+
     /// Adds an unpartitioned spec to a partitioned table (for global
     /// equality deletes) unless it has one; returns the table and the spec.
     async fn delete_spec(&self, mut table: Table) -> Result<(Table, PartitionSpecRef), SinkError> {
@@ -544,17 +590,18 @@ impl Sink for IcebergSink {
         let ident = ident_of(target)?;
         let wanted = schema::table_schema(target).map_err(io_error("the table's schema"))?;
         let table = match conn.load(&ident).await? {
-            Some(t) => {
+            Some(t) if target.schema_changes == SchemaChanges::Fail => {
                 let problems = schema::check_existing(t.metadata().current_schema(), &wanted);
                 if !problems.is_empty() {
                     return Err(SinkError::TableMismatch(format!(
-                        "{ident} exists and does not match route {}: {}",
+                        "{ident} exists and does not match route {} (schema_changes = 'fail'): {}",
                         target.display_name(),
                         problems.join("; ")
                     )));
                 }
                 t
             }
+            Some(t) => self.evolve_table(t, target).await?,
             None => {
                 let spec = schema::partition_spec(&target.partition_by, &wanted)
                     .map_err(io_error("the partition spec"))?;
@@ -622,6 +669,15 @@ impl Sink for IcebergSink {
             })),
         );
         Ok(())
+    }
+
+    async fn schema_version(&self, target: &TargetTable) -> Option<String> {
+        let state = self.state(target).await.ok()?;
+        let s = state.lock().await;
+        Some(format!(
+            "schema-id {}",
+            s.table.metadata().current_schema_id()
+        ))
     }
 
     async fn peek_position(&self, target: &TargetTable) -> Result<Option<String>, SinkError> {
@@ -828,15 +884,24 @@ impl IcebergSink {
 
 /// The batch's columns matched to the table's by name, in the table's
 /// Arrow form.
+/// A column of the table the route does not write (one it kept after the
+/// source dropped it) is NULL.
 fn conform_by_name(batch: &RecordBatch, table: &ArrowSchemaRef) -> Result<RecordBatch, String> {
     let columns = table
         .fields()
         .iter()
-        .map(|f| {
-            let c = batch
-                .column_by_name(f.name())
-                .ok_or_else(|| format!("the batch has no column {}", f.name()))?;
-            schema::conform(c, f.data_type()).map_err(|e| format!("column {}: {e}", f.name()))
+        .map(|f| match batch.column_by_name(f.name()) {
+            Some(c) => {
+                schema::conform(c, f.data_type()).map_err(|e| format!("column {}: {e}", f.name()))
+            }
+            None if f.is_nullable() => Ok(arrow::array::new_null_array(
+                f.data_type(),
+                batch.num_rows(),
+            )),
+            None => Err(format!(
+                "the batch has no column {}, which the table requires",
+                f.name()
+            )),
         })
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new(Arc::clone(table), columns).map_err(|e| e.to_string())

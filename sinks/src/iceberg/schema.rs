@@ -17,7 +17,7 @@ use iceberg::spec::{
 };
 use urutau_planner::partition::{PartitionField, Transform as RouteTransform};
 use urutau_planner::spec::WriteMode;
-use urutau_planner::target::TargetTable;
+use urutau_planner::target::{ColumnOrigin, TargetTable};
 use urutau_planner::types::CanonicalType;
 
 /// Assigns field ids depth-first while a schema is built.
@@ -241,6 +241,193 @@ pub fn check_existing(existing: &Schema, wanted: &Schema) -> Vec<String> {
     problems
 }
 
+/// An existing table evolved toward a route ([`evolve`]).
+#[derive(Debug)]
+pub struct Evolved {
+    /// The table's next schema (new field ids above the table's last
+    /// one; every kept field keeps its id).
+    pub schema: Schema,
+    /// What changed, one entry per column, for the log.
+    pub changes: Vec<String>,
+}
+
+/// The Iceberg type a promotion of `from` to canonical `to` gives, when
+/// `from` is a primitive that `to` promotes in place (see
+/// [`urutau_planner::evolution::promotes`]).
+fn promoted(from: &Type, to: &Type) -> bool {
+    use PrimitiveType as P;
+    match (from, to) {
+        (Type::Primitive(a), Type::Primitive(b)) => match (a, b) {
+            (P::Int, P::Long) | (P::Float, P::Double) => true,
+            (
+                P::Decimal {
+                    precision: p1,
+                    scale: s1,
+                },
+                P::Decimal {
+                    precision: p2,
+                    scale: s2,
+                },
+            ) => s1 == s2 && p2 > p1,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The schema an existing table (`existing`, whose highest field id ever
+/// assigned is `last_column_id`) evolves to so `target` can write it, as
+/// Iceberg's schema evolution allows (`schema_changes = 'evolve'`):
+/// - a column the table lacks is added, optional, with a new field id,
+///   before the metadata columns (which stay at the end);
+/// - a column whose type `target` widens in place (int -> long, float ->
+///   double, decimal precision up) is promoted, keeping its id;
+/// - a required column the route writes as nullable, or no longer writes
+///   at all (dropped at the source), becomes optional;
+/// - columns the route no longer writes stay (data is never dropped).
+///
+/// `Ok(None)`: the table already fits. Any other difference (a type that
+/// cannot be promoted, one narrower than the table's, a different key) is
+/// an error naming each column.
+pub fn evolve(
+    existing: &Schema,
+    last_column_id: i32,
+    target: &TargetTable,
+) -> Result<Option<Evolved>, Vec<String>> {
+    let wanted = table_schema(target).map_err(|e| vec![e.to_string()])?;
+    let mut problems = Vec::new();
+    let mut changes = Vec::new();
+    let mut ids = Ids(last_column_id.max(existing.highest_field_id()));
+    let have = existing.as_struct().fields();
+    let is_metadata = |name: &str| {
+        target
+            .columns
+            .iter()
+            .any(|c| c.name == name && matches!(c.origin, ColumnOrigin::Metadata(_)))
+    };
+    // Existing fields, evolved in place.
+    let mut kept: Vec<NestedFieldRef> = Vec::with_capacity(have.len());
+    for h in have {
+        let Some(w) = wanted
+            .as_struct()
+            .fields()
+            .iter()
+            .find(|w| w.name == h.name)
+        else {
+            if h.required {
+                changes.push(format!("{} (no longer written) is now optional", h.name));
+                kept.push(relaxed(h));
+            } else {
+                kept.push(Arc::clone(h));
+            }
+            continue;
+        };
+        let mut field = Arc::clone(h);
+        if !same_type(&h.field_type, &w.field_type) {
+            if promoted(&h.field_type, &w.field_type) {
+                changes.push(format!(
+                    "{} promoted from {} to {}",
+                    h.name, h.field_type, w.field_type
+                ));
+                field = Arc::new(NestedField::new(
+                    h.id,
+                    &h.name,
+                    (*w.field_type).clone(),
+                    h.required,
+                ));
+            } else {
+                // Narrower than the table (the source narrowed the column)
+                // or of another kind: neither can be followed.
+                problems.push(format!(
+                    "column `{}` is {} in the table, and the route writes {}: {}",
+                    w.name,
+                    h.field_type,
+                    w.field_type,
+                    urutau_planner::evolution::PROMOTION_RULE
+                ));
+                continue;
+            }
+        }
+        if field.required && !w.required {
+            changes.push(format!("{} is now optional", h.name));
+            field = relaxed(&field);
+        }
+        if w.required && !field.required {
+            problems.push(format!("key column `{}` is optional in the table", w.name));
+        }
+        kept.push(field);
+    }
+    // New fields: data columns before the metadata columns, new metadata
+    // columns at the end.
+    let mut added_data = Vec::new();
+    let mut added_metadata = Vec::new();
+    for c in &target.columns {
+        if have.iter().any(|h| h.name == c.name) {
+            continue;
+        }
+        let id = ids.next();
+        let ty = iceberg_type(&c.ty, &mut ids);
+        changes.push(format!("{} ({ty}) added", c.name));
+        let field: NestedFieldRef = NestedField::optional(id, &c.name, ty).into();
+        match c.origin {
+            ColumnOrigin::Metadata(_) => added_metadata.push(field),
+            ColumnOrigin::Data => added_data.push(field),
+        }
+    }
+    let first_metadata = kept
+        .iter()
+        .position(|f| is_metadata(&f.name))
+        .unwrap_or(kept.len());
+    let mut fields = kept;
+    fields.splice(first_metadata..first_metadata, added_data);
+    fields.extend(added_metadata);
+    // The key stays the key.
+    let key_names = |s: &Schema| -> Vec<String> {
+        let mut v: Vec<String> = s
+            .identifier_field_ids()
+            .filter_map(|id| s.name_by_field_id(id).map(str::to_string))
+            .collect();
+        v.sort();
+        v
+    };
+    let (hk, wk) = (key_names(existing), key_names(&wanted));
+    if hk.is_empty() && !wk.is_empty() {
+        problems.push(format!(
+            "the table has no identifier fields (an append table holds many rows per key), and the upsert route's key is [{}]",
+            wk.join(", ")
+        ));
+    } else if hk != wk && !wk.is_empty() {
+        problems.push(format!(
+            "the table's identifier fields are [{}], the route's key is [{}]",
+            hk.join(", "),
+            wk.join(", ")
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let mut b = Schema::builder().with_fields(fields);
+    let identifier: Vec<i32> = existing.identifier_field_ids().collect();
+    if !identifier.is_empty() {
+        b = b.with_identifier_field_ids(identifier);
+    }
+    let schema = b.build().map_err(|e| vec![e.to_string()])?;
+    Ok(Some(Evolved { schema, changes }))
+}
+
+/// `field`, optional.
+fn relaxed(field: &NestedFieldRef) -> NestedFieldRef {
+    Arc::new(NestedField::new(
+        field.id,
+        &field.name,
+        (*field.field_type).clone(),
+        false,
+    ))
+}
+
 /// Rebuilds `array` with exactly the Arrow type `target` (the table's form):
 /// nested field names and ids, uuid text as 16 bytes, uint64 as decimal,
 /// the timestamp zone string, binary width.
@@ -332,7 +519,7 @@ pub fn key_schema(table_arrow: &ArrowSchemaRef, key_indices: &[usize]) -> ArrowS
 #[cfg(test)]
 mod tests {
     use super::*;
-    use urutau_planner::target::{ColumnOrigin, TargetColumn};
+    use urutau_planner::target::TargetColumn;
 
     fn target(cols: &[(&str, &str, bool)], key: &[&str]) -> TargetTable {
         TargetTable {
@@ -350,6 +537,7 @@ mod tests {
             mode: WriteMode::Upsert,
             partition_by: vec![],
             workers: 1,
+            schema_changes: Default::default(),
         }
     }
 
@@ -383,6 +571,84 @@ mod tests {
         // An append route on a keyed table is accepted: append tables made
         // before they stopped declaring identifier fields have them.
         assert!(check_existing(&upsert, &append).is_empty());
+    }
+
+    #[test]
+    fn evolving_adds_promotes_and_relaxes_keeping_field_ids() {
+        let mut t = target(
+            &[
+                ("id", "BIGINT", false),
+                ("v", "VARCHAR", false),
+                ("n", "INT", true),
+                ("committed_at", "TIMESTAMPTZ", true),
+            ],
+            &["id"],
+        );
+        t.columns[3].origin = ColumnOrigin::Metadata("commit_ts".into());
+        let before = table_schema(&t).unwrap();
+        assert!(evolve(&before, 4, &t).unwrap().is_none(), "nothing to do");
+        // The source widened n, dropped v and added extra (a list, whose
+        // element takes an id too); the route now reads them so.
+        let mut after = t.clone();
+        after.columns.remove(1);
+        after.columns[1].ty = CanonicalType::Int64;
+        after.columns.insert(
+            2,
+            TargetColumn {
+                name: "extra".into(),
+                ty: CanonicalType::parse("LIST<INT>", false).unwrap(),
+                nullable: true,
+                origin: ColumnOrigin::Data,
+            },
+        );
+        let e = evolve(&before, 4, &after).unwrap().unwrap();
+        let f = e.schema.as_struct().fields();
+        let shape: Vec<(i32, &str, String, bool)> = f
+            .iter()
+            .map(|f| (f.id, f.name.as_str(), f.field_type.to_string(), f.required))
+            .collect();
+        assert_eq!(shape[0], (1, "id", "long".into(), true));
+        assert_eq!(shape[1], (2, "v", "string".into(), false), "kept, optional");
+        assert_eq!(
+            shape[2],
+            (3, "n", "long".into(), false),
+            "promoted in place"
+        );
+        assert_eq!(shape[3].0, 5, "a new id above the last");
+        assert_eq!(shape[3].1, "extra", "before the metadata columns");
+        assert_eq!(shape[4], (4, "committed_at", "timestamptz".into(), false));
+        assert_eq!(e.schema.highest_field_id(), 6, "the element's id");
+        assert_eq!(e.schema.identifier_field_ids().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(e.changes.len(), 3, "{:?}", e.changes);
+        // Evolved, the table fits the route.
+        assert!(evolve(&e.schema, 6, &after).unwrap().is_none());
+    }
+
+    #[test]
+    fn narrowing_or_changing_a_type_cannot_be_evolved() {
+        let t = target(&[("id", "BIGINT", false), ("n", "BIGINT", true)], &["id"]);
+        let table = table_schema(&t).unwrap();
+        for ty in ["INT", "VARCHAR"] {
+            let mut narrower = t.clone();
+            narrower.columns[1].ty = CanonicalType::parse(ty, false).unwrap();
+            let problems = evolve(&table, 2, &narrower).unwrap_err();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(
+                problems[0].contains("column `n` is long in the table"),
+                "{problems:?}"
+            );
+            assert!(problems[0].contains("may only widen"), "{problems:?}");
+        }
+        let mut other_key = t.clone();
+        other_key.key = vec!["n".into()];
+        other_key.columns[1].nullable = false;
+        let problems = evolve(&table, 2, &other_key).unwrap_err();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("identifier fields are [id]")),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -447,6 +447,7 @@ fn client_error(message: String, code: Option<RDKafkaErrorCode>) -> SourceError 
     SourceError {
         message,
         transient: brokers_away(code),
+        schema_change: None,
     }
 }
 

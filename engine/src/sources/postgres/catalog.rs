@@ -173,31 +173,7 @@ pub async fn table_schema(
     let mut columns = Vec::with_capacity(rows.len());
     for r in &rows {
         let name: String = r.get("name");
-        let typtype: String = r.get("typtype");
-        let category: String = r.get("category");
-        let ty = PgType {
-            oid: r.get::<i64, _>("oid") as u32,
-            typmod: r.get("typmod"),
-            name: r.get("type_name"),
-            kind: if category == "A" {
-                let elem_typtype: Option<String> = r.get("elem_typtype");
-                PgTypeKind::Array(Box::new(PgType {
-                    oid: r.get::<Option<i64>, _>("elem_oid").unwrap_or(0) as u32,
-                    typmod: -1,
-                    name: r.get::<Option<String>, _>("elem_name").unwrap_or_default(),
-                    kind: if elem_typtype.as_deref() == Some("e") {
-                        PgTypeKind::Enum
-                    } else {
-                        PgTypeKind::Base
-                    },
-                }))
-            } else if typtype == "e" {
-                PgTypeKind::Enum
-            } else {
-                PgTypeKind::Base
-            },
-        };
-        let mapping = canonical_type(&ty);
+        let mapping = canonical_type(&pg_type_of(r));
         if let Some(w) = mapping.warning {
             tracing::warn!(table = %table, column = %name, "{w}");
         }
@@ -221,7 +197,102 @@ pub async fn table_schema(
     Ok(SourceTableSchema {
         columns,
         primary_key: keys.iter().map(|r| r.get::<String, _>("name")).collect(),
+        dropped: vec![],
     })
+}
+
+/// A column's type from a catalog row with the columns `oid` (the base
+/// type's, domains resolved), `typmod`, `type_name`, `typtype`,
+/// `category`, `elem_oid`, `elem_typtype` and `elem_name` (the element
+/// type of an array), as [`table_schema`] and [`relation_types`] read them.
+fn pg_type_of(r: &sqlx::postgres::PgRow) -> PgType {
+    let typtype: String = r.get("typtype");
+    let category: String = r.get("category");
+    PgType {
+        oid: r.get::<i64, _>("oid") as u32,
+        typmod: r.get("typmod"),
+        name: r.get("type_name"),
+        kind: if category == "A" {
+            let elem_typtype: Option<String> = r.get("elem_typtype");
+            PgTypeKind::Array(Box::new(PgType {
+                oid: r.get::<Option<i64>, _>("elem_oid").unwrap_or(0) as u32,
+                typmod: -1,
+                name: r.get::<Option<String>, _>("elem_name").unwrap_or_default(),
+                kind: if elem_typtype.as_deref() == Some("e") {
+                    PgTypeKind::Enum
+                } else {
+                    PgTypeKind::Base
+                },
+            }))
+        } else if typtype == "e" {
+            PgTypeKind::Enum
+        } else {
+            PgTypeKind::Base
+        },
+    }
+}
+
+/// The canonical types of the columns a Relation message describes, each
+/// given as (type OID, type modifier): the mapping [`table_schema`] makes of
+/// the catalog, so a shape the stream sends compares with the planned one.
+/// A type's definition never changes under its OID, so what the catalog
+/// says now holds for any point of the stream.
+pub async fn relation_types(
+    conn: &mut PgConnection,
+    types: &[(u32, i32)],
+) -> Result<std::collections::HashMap<(u32, i32), urutau_planner::types::CanonicalType>, SourceError>
+{
+    let oids: Vec<i64> = types.iter().map(|(o, _)| i64::from(*o)).collect();
+    let typmods: Vec<i32> = types.iter().map(|(_, m)| *m).collect();
+    let rows = sqlx::query(
+        "SELECT q.oid AS asked_oid, q.typmod AS asked_typmod,
+                COALESCE(NULLIF(t.typbasetype, 0), t.oid)::int8 AS oid,
+                CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE q.typmod END AS typmod,
+                format_type(t.oid, q.typmod) AS type_name,
+                CASE WHEN t.typtype = 'd' THEN b.typtype ELSE t.typtype END::text AS typtype,
+                CASE WHEN t.typtype = 'd' THEN b.typcategory ELSE t.typcategory END::text AS category,
+                COALESCE(NULLIF(e.typbasetype, 0), e.oid)::int8 AS elem_oid,
+                e.typtype::text AS elem_typtype,
+                format_type(e.oid, NULL) AS elem_name
+         FROM unnest($1::int8[], $2::int4[]) AS q(oid, typmod)
+         JOIN pg_type t ON t.oid = q.oid::oid
+         LEFT JOIN pg_type b ON b.oid = t.typbasetype
+         LEFT JOIN pg_type e ON e.oid = (CASE WHEN t.typtype = 'd' THEN b.typelem ELSE t.typelem END)",
+    )
+    .bind(&oids)
+    .bind(&typmods)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| errors::sql("reading the types of a changed table", &e))?;
+    let mut out = std::collections::HashMap::new();
+    for r in &rows {
+        let asked = (
+            r.get::<i64, _>("asked_oid") as u32,
+            r.get::<i32, _>("asked_typmod"),
+        );
+        out.insert(asked, canonical_type(&pg_type_of(r)).ty);
+    }
+    if let Some((oid, _)) = types.iter().find(|t| !out.contains_key(t)) {
+        return Err(SourceError::new(format!(
+            "a changed table has a column of type OID {oid}, which the catalog does not know (was the type dropped?)"
+        )));
+    }
+    Ok(out)
+}
+
+/// The names of `table`'s columns as the catalog holds them now.
+pub async fn existing_columns(
+    conn: &mut PgConnection,
+    table: &PgTable,
+) -> Result<Vec<String>, SourceError> {
+    sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_attribute a
+         WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+    )
+    .bind(table.quoted())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| errors::sql(&format!("reading the columns of {table}"), &e))
 }
 
 /// What the replication set-up found and did.

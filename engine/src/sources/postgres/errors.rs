@@ -48,7 +48,11 @@ fn classified(doing: &str, e: &dyn std::fmt::Display, transient: bool) -> Source
         "{doing}: {}",
         urutau_planner::options::redact_text(&e.to_string())
     );
-    SourceError { message, transient }
+    SourceError {
+        message,
+        transient,
+        schema_change: None,
+    }
 }
 
 /// Whether a replication connection's error may pass: the connection was

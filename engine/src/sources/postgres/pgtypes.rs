@@ -154,6 +154,20 @@ fn array_mapping(t: &PgType, element: &PgType) -> Mapping {
     }
 }
 
+/// The canonical type of a built-in base type, by OID alone (`None` for
+/// any other type: arrays, domains, enums and extension types need the
+/// catalog). The same mapping [`canonical_type`] makes of the catalog.
+pub fn builtin_base(type_oid: u32, typmod: i32) -> Option<CanonicalType> {
+    // Every built-in base type maps exactly, except a numeric whose
+    // precision no canonical decimal holds: its mapping names the type as
+    // format_type spells it, which the catalog tells.
+    let m = base_mapping(type_oid, typmod, "");
+    match m.warning {
+        None => Some(m.ty),
+        Some(_) => None,
+    }
+}
+
 fn base_mapping(type_oid: u32, typmod: i32, name: &str) -> Mapping {
     let ty = match type_oid {
         oid::BOOL => CanonicalType::Bool,

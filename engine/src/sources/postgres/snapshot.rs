@@ -62,6 +62,9 @@ pub struct TableSnapshot {
     pub plan_table: Vec<String>,
     key: Vec<KeyColumn>,
     columns: Vec<String>,
+    /// Columns of `columns` the table no longer has (see
+    /// [`SnapshotTarget::dropped`]).
+    dropped: Vec<String>,
     pub progress: SnapshotProgress,
     pub copied: u64,
     pub estimated: u64,
@@ -145,6 +148,9 @@ pub struct SnapshotTarget<'a> {
     pub pg: &'a PgTable,
     pub plan_table: &'a [String],
     pub columns: Vec<String>,
+    /// Columns of the plan the table no longer has (dropped at the source
+    /// and kept for the targets): read as NULL.
+    pub dropped: Vec<String>,
     pub resume: Option<SnapshotProgress>,
 }
 
@@ -196,6 +202,7 @@ impl Snapshotter {
                 pg: t.pg.clone(),
                 key: t.key.clone(),
                 columns: t.columns.clone(),
+                dropped: t.dropped.clone(),
                 after: reader::start_after(&t.progress),
             })
             .collect()
@@ -283,6 +290,7 @@ async fn describe(
             plan_table: t.plan_table.to_vec(),
             key,
             columns: t.columns,
+            dropped: t.dropped,
             progress,
             copied: 0,
             estimated: estimated as u64,

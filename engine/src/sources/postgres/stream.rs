@@ -15,8 +15,13 @@ use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use tokio::sync::mpsc;
+use urutau_planner::evolution::{
+    SchemaChange, SchemaChanges, SentColumn, ShapeError, TypeMove, covers, describe_difference,
+    grow, type_move,
+};
 use urutau_planner::plan::BeforeImages;
 use urutau_planner::registry::SourceTableSchema;
+use urutau_planner::types::CanonicalType;
 
 use super::catalog::{self, PgTable};
 use super::errors;
@@ -48,6 +53,12 @@ pub const DEFAULT_SNAPSHOT_BATCH_ROWS: usize = 100_000;
 pub fn default_snapshot_parallelism() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
+/// The canonical type of a built-in base type, known without asking the
+/// catalog (`None`: ask it).
+fn builtin_type(oid: u32, typmod: i32) -> Option<CanonicalType> {
+    super::pgtypes::builtin_base(oid, typmod)
+}
+
 /// Microseconds from 1970-01-01 to 2000-01-01 (Postgres' epoch).
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
@@ -59,6 +70,8 @@ struct TableCfg {
     schema: SourceTableSchema,
     scan_schema: SchemaRef,
     before_images: BeforeImages,
+    /// What a change of the table's shape does.
+    schema_changes: SchemaChanges,
 }
 
 /// Everything the task needs, owned.
@@ -122,6 +135,7 @@ impl StreamCfg {
                     schema: t.schema.clone(),
                     scan_schema: Arc::clone(&t.scan_schema),
                     before_images: t.before_images.clone(),
+                    schema_changes: t.schema_changes,
                 })
             })
             .collect::<Result<Vec<_>, SourceError>>()?;
@@ -179,6 +193,7 @@ impl StreamCfg {
                     .iter()
                     .map(|c| c.name.name.clone())
                     .collect(),
+                dropped: t.schema.dropped.clone(),
                 resume: self.resume_snapshots.get(&t.plan_table).cloned(),
             })
             .collect()
@@ -325,28 +340,25 @@ impl TableBuilder {
 /// How a relation's columns line up with a routed table's.
 struct Binding {
     table: usize,
-    /// For each schema column, its position in the relation.
-    positions: Vec<usize>,
+    /// For each schema column, its position in the relation (`None`: the
+    /// relation does not have it, and it reads as NULL; only nullable
+    /// columns, see [`Assembler::follow_shape`]).
+    positions: Vec<Option<usize>>,
     /// Positions of the columns whose change needs a before image.
     key_positions: Option<Vec<usize>>,
     always_before: bool,
 }
 
-fn bind(rel: &Relation, table: usize, cfg: &TableCfg) -> Result<Binding, SourceError> {
+/// Lines `rel` up with the planned columns of `cfg`, by name: a change is
+/// read with the shape it was written with.
+fn bind(rel: &Relation, table: usize, cfg: &TableCfg) -> Binding {
     let position = |name: &str| rel.columns.iter().position(|c| c.name == name);
     let positions = cfg
         .schema
         .columns
         .iter()
-        .map(|c| {
-            position(&c.name.name).ok_or_else(|| {
-                SourceError::new(format!(
-                    "column {} of {} is not in the replication stream: the table changed since the pipeline was planned; restart it",
-                    c.name.name, cfg.pg
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|c| position(&c.name.name))
+        .collect();
     let (key_positions, always_before) = match &cfg.before_images {
         BeforeImages::Never => (None, false),
         BeforeImages::Always => (None, true),
@@ -355,12 +367,12 @@ fn bind(rel: &Relation, table: usize, cfg: &TableCfg) -> Result<Binding, SourceE
             false,
         ),
     };
-    Ok(Binding {
+    Binding {
         table,
         positions,
         key_positions,
         always_before,
-    })
+    }
 }
 
 /// The stream's state between events.
@@ -398,6 +410,15 @@ struct Assembler {
     /// The snapshot windows open (low watermark seen, high not yet), with
     /// the keys the stream changed inside each.
     windows: Vec<Window>,
+    /// Each routed table's shape as this session's last Relation message
+    /// sent it (by builder index).
+    shapes: HashMap<usize, Vec<SentColumn>>,
+    /// Canonical types of (type OID, type modifier) pairs Relation
+    /// messages named ([`Assembler::prepare_relation`]).
+    types: HashMap<(u32, i32), CanonicalType>,
+    /// Planned columns of a routed table (by builder index) that its last
+    /// Relation message lacked and the catalog no longer has: dropped.
+    gone: HashMap<usize, Vec<String>>,
     /// Each snapshotted table's progress as of the rows built so far.
     snapshot_progress: Vec<(Vec<String>, urutau_planner::progress::SnapshotProgress)>,
     /// The progress moved since the last batch.
@@ -450,21 +471,184 @@ impl Assembler {
             unacked: Default::default(),
             received: start,
             windows: Vec::new(),
+            shapes: HashMap::new(),
+            types: HashMap::new(),
+            gone: HashMap::new(),
             snapshot_progress: Vec::new(),
             snapshot_moved: false,
         })
     }
 
-    fn relation(&mut self, rel: Relation) -> Result<(), SourceError> {
-        let found = self
-            .builders
+    /// The routed table `rel` describes (its builder index).
+    fn routed(&self, rel: &Relation) -> Option<usize> {
+        self.builders
             .iter()
-            .position(|b| b.cfg.pg.schema == rel.namespace && b.cfg.pg.name == rel.name);
-        let binding = match found {
-            Some(i) => Some(bind(&rel, i, &self.builders[i].cfg)?),
+            .position(|b| b.cfg.pg.schema == rel.namespace && b.cfg.pg.name == rel.name)
+    }
+
+    /// What [`Self::relation`] needs to know of a routed table's Relation
+    /// message `rel` besides the message: the canonical types of its
+    /// columns not known yet (built-in types by OID, others from the
+    /// catalog), and which planned columns it lacks because they were
+    /// dropped (the catalog no longer has them) rather than added after
+    /// the point the stream reads (it has them). One short session, only
+    /// when there is something to ask.
+    async fn prepare_relation(&mut self, uri: &str, rel: &Relation) -> Result<(), SourceError> {
+        let Some(i) = self.routed(rel) else {
+            return Ok(());
+        };
+        let cfg = &self.builders[i].cfg;
+        let missing: Vec<String> = cfg
+            .schema
+            .columns
+            .iter()
+            .map(|c| c.name.name.clone())
+            .filter(|c| !cfg.schema.dropped.contains(c))
+            .filter(|c| !rel.columns.iter().any(|r| &r.name == c))
+            .collect();
+        let mut unknown = Vec::new();
+        for c in &rel.columns {
+            let t = (c.type_oid, c.type_modifier);
+            if self.types.contains_key(&t) || unknown.contains(&t) {
+                continue;
+            }
+            match builtin_type(c.type_oid, c.type_modifier) {
+                Some(ty) => {
+                    self.types.insert(t, ty);
+                }
+                None => unknown.push(t),
+            }
+        }
+        if unknown.is_empty() && missing.is_empty() {
+            self.gone.remove(&i);
+            return Ok(());
+        }
+        let pg = cfg.pg.clone();
+        let mut conn = catalog::connect(uri).await?;
+        let found = async {
+            let types = match unknown.is_empty() {
+                true => HashMap::new(),
+                false => catalog::relation_types(&mut conn, &unknown).await?,
+            };
+            let present = match missing.is_empty() {
+                true => Vec::new(),
+                false => catalog::existing_columns(&mut conn, &pg).await?,
+            };
+            Ok::<_, SourceError>((types, present))
+        }
+        .await;
+        catalog::close(conn).await;
+        let (types, present) = found?;
+        self.types.extend(types);
+        self.gone.insert(
+            i,
+            missing
+                .into_iter()
+                .filter(|c| !present.contains(c))
+                .collect(),
+        );
+        Ok(())
+    }
+
+    fn relation(&mut self, rel: Relation) -> Result<(), SourceError> {
+        let binding = match self.routed(&rel) {
+            Some(i) => {
+                let sent = rel
+                    .columns
+                    .iter()
+                    .map(|c| {
+                        let ty = self
+                            .types
+                            .get(&(c.type_oid, c.type_modifier))
+                            .cloned()
+                            .or_else(|| builtin_type(c.type_oid, c.type_modifier))
+                            .ok_or_else(|| {
+                                SourceError::new(format!(
+                                    "internal: the type of column {} of {} was not learned",
+                                    c.name, self.builders[i].cfg.pg
+                                ))
+                            })?;
+                        Ok(SentColumn {
+                            name: c.name.clone(),
+                            ty,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, SourceError>>()?;
+                self.follow_shape(i, sent)?;
+                Some(bind(&rel, i, &self.builders[i].cfg))
+            }
             None => None,
         };
         self.relations.insert(rel.id, binding);
+        Ok(())
+    }
+
+    /// Checks the shape `sent` that routed table `i` is now sent with:
+    /// against the shape this session saw before (a type may only widen,
+    /// see [`urutau_planner::evolution`]) and against the planned one. When
+    /// the plan cannot read it (a column added or widened, a `NOT NULL`
+    /// column dropped), the run must be planned again with the grown shape
+    /// ([`SourceError::schema_changed`]); with `schema_changes = 'fail'`,
+    /// any difference stops the run. Nothing of the transaction that sent
+    /// it has been handed over (it is read again after the new plan).
+    fn follow_shape(&mut self, i: usize, sent: Vec<SentColumn>) -> Result<(), SourceError> {
+        let cfg = &self.builders[i].cfg;
+        let refused = |e: ShapeError| SourceError::new(format!("{}: {e}", cfg.pg));
+        if let Some(before) = self.shapes.get(&i) {
+            for c in &sent {
+                if let Some(b) = before.iter().find(|b| b.name == c.name)
+                    && type_move(&b.ty, &c.ty) == TypeMove::Refused
+                {
+                    return Err(refused(ShapeError::RefusedType {
+                        column: c.name.clone(),
+                        from: b.ty.clone(),
+                        to: c.ty.clone(),
+                    }));
+                }
+            }
+        }
+        let planned = &cfg.schema;
+        // Dropped (or renamed) at the source: columns the stream sent
+        // before and not now, and planned columns it does not send that
+        // the catalog no longer has. A planned column it does not send and
+        // the catalog has was added later than the point the stream reads
+        // (it reads as NULL meanwhile).
+        let mut dropped: Vec<String> = self.gone.remove(&i).unwrap_or_default();
+        if let Some(before) = self.shapes.get(&i) {
+            for b in before {
+                if !sent.iter().any(|c| c.name == b.name)
+                    && !planned.dropped.contains(&b.name)
+                    && !dropped.contains(&b.name)
+                {
+                    dropped.push(b.name.clone());
+                }
+            }
+        }
+        if cfg.schema_changes == SchemaChanges::Fail {
+            let what = describe_difference(planned, &sent, &dropped);
+            if !what.is_empty() {
+                return Err(SourceError::new(format!(
+                    "{} changed at the source: {what}; its routes set schema_changes = 'fail' (set it to 'evolve' to let the targets follow)",
+                    cfg.pg
+                )));
+            }
+        } else if !covers(planned, &sent) || !dropped.is_empty() {
+            let description = describe_difference(planned, &sent, &dropped);
+            let schema = grow(planned, &sent, &dropped).map_err(refused)?;
+            let added = sent
+                .iter()
+                .filter(|c| !planned.columns.iter().any(|p| p.name.name == c.name))
+                .map(|c| c.name.clone())
+                .collect();
+            return Err(SourceError::schema_changed(SchemaChange {
+                source: self.source_name.clone(),
+                table: cfg.plan_table.clone(),
+                schema,
+                description,
+                added,
+            }));
+        }
+        self.shapes.insert(i, sent);
         Ok(())
     }
 
@@ -496,6 +680,16 @@ impl Assembler {
         };
         let b = &mut self.builders[binding.table];
         for (i, pos) in binding.positions.iter().enumerate() {
+            let Some(pos) = pos else {
+                // A column this change's shape lacks (dropped at the source).
+                b.columns[i].append(None).map_err(|e| {
+                    SourceError::new(format!(
+                        "{}: column {}: {e}",
+                        b.cfg.pg, b.cfg.schema.columns[i].name.name
+                    ))
+                })?;
+                continue;
+            };
             let cell = tuple.0.get(*pos);
             let value: Option<&[u8]> = match cell {
                 None | Some(Cell::Null) => None,
@@ -567,17 +761,16 @@ impl Assembler {
         for w in self.windows.iter_mut().filter(|w| w.table == binding.table) {
             for t in [new, old].into_iter().flatten() {
                 let mut complete = true;
-                let key =
-                    snapshot::encode_key(w.key.iter().map(
-                        |k| match t.0.get(binding.positions[*k]) {
-                            Some(Cell::Text(v)) => Some(&v[..]),
-                            Some(Cell::Null) => None,
-                            _ => {
-                                complete = false;
-                                None
-                            }
-                        },
-                    ));
+                let key = snapshot::encode_key(w.key.iter().map(|k| {
+                    match binding.positions[*k].and_then(|p| t.0.get(p)) {
+                        Some(Cell::Text(v)) => Some(&v[..]),
+                        Some(Cell::Null) => None,
+                        _ => {
+                            complete = false;
+                            None
+                        }
+                    }
+                }));
                 if complete {
                     w.touched.insert(key);
                 }
@@ -987,6 +1180,9 @@ async fn stream(
                 } => a.begin(final_lsn.0, commit_time_micros + PG_EPOCH_MICROS),
                 ReplicationEvent::XLogData { data, .. } => {
                     let m = pgoutput::decode(&data).map_err(|e| SourceError::new(e.to_string()))?;
+                    if let Message::Relation(rel) = &m {
+                        a.prepare_relation(&cfg.uri, rel).await?;
+                    }
                     a.change(m)?;
                 }
                 ReplicationEvent::Commit { end_lsn, .. } => {

@@ -37,6 +37,8 @@ pub struct ReadPlan {
     pub pg: PgTable,
     pub key: Vec<KeyColumn>,
     pub columns: Vec<String>,
+    /// Columns of `columns` the table no longer has: selected as NULL.
+    pub dropped: Vec<String>,
     /// The last key committed (the copy goes on after it).
     pub after: Option<Vec<String>>,
 }
@@ -218,7 +220,14 @@ pub async fn peek(uri: &str, plans: &[ReadPlan], limit: usize) -> Result<Vec<Chu
 /// last key copied. The simple query protocol: values arrive as text,
 /// produced by the same output functions pgoutput uses.
 fn chunk_sql(plan: &ReadPlan, limit: usize) -> String {
-    let columns: Vec<String> = plan.columns.iter().map(|c| quote_ident(c)).collect();
+    let columns: Vec<String> = plan
+        .columns
+        .iter()
+        .map(|c| match plan.dropped.contains(c) {
+            true => "NULL".to_string(),
+            false => quote_ident(c),
+        })
+        .collect();
     let order: Vec<String> = plan.key.iter().map(|k| quote_ident(&k.name)).collect();
     let filter = match &plan.after {
         None => String::new(),

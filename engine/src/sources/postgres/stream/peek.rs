@@ -232,7 +232,12 @@ async fn peek_backlog(
                     }
                     a.commit(end_lsn);
                 }
-                m => a.change(m)?,
+                m => {
+                    if let Message::Relation(rel) = &m {
+                        a.prepare_relation(&cfg.uri, rel).await?;
+                    }
+                    a.change(m)?
+                }
             }
         }
         if a.in_tx {

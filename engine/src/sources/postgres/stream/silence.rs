@@ -68,6 +68,7 @@ impl SilenceWatch {
                     e.message
                 ),
                 transient: e.transient,
+                schema_change: None,
             }),
             Ok(Ok(false)) => Err(SourceError::transient(format!(
                 "replication from slot {slot}: no message from the server for {quiet:.0}s, and the server no longer streams from the slot: the connection was lost"
