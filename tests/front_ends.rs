@@ -328,3 +328,59 @@ tables:
         common::show(&d)
     );
 }
+
+/// The Go engine's sink-level `evolveSchema` sets every table's
+/// `schema_changes` (a table's own `schemaChanges` wins), as the SQL
+/// route option does; a source whose tables are declared (file, Kafka)
+/// refuses the setting, which could not take effect there.
+#[tokio::test]
+async fn evolve_schema_is_each_routes_schema_changes() {
+    let yaml = "pipeline: p
+source: {name: s, kind: postgres, uri: 'postgres://u@127.0.0.1:1/db', slotName: sl}
+sink: {name: lake, type: iceberg+sql, uri: 'sqlite://c.db', warehouse: wh, namespace: n, evolveSchema: false}
+tables:
+  - {source: public.a, target: a, primaryKey: [id]}
+  - {source: public.b, target: b, primaryKey: [id], schemaChanges: evolve}
+";
+    let spec = urutau_sql::parse_pipeline_yaml(yaml, "p", &|_| None).unwrap();
+    let policies: Vec<Option<&str>> = spec
+        .routes
+        .iter()
+        .map(|r| r.options.get("schema_changes"))
+        .collect();
+    assert_eq!(policies, vec![Some("fail"), Some("evolve")]);
+    let bad = yaml_errors(&yaml.replace("evolveSchema: false", "evolveSchema: maybe"));
+    let on_line = |d: &Diagnostics, line: u32, needle: &str| {
+        d.items
+            .iter()
+            .any(|i| i.span.line == line && i.message.contains(needle))
+    };
+    assert!(
+        on_line(&bad, 3, "evolveSchema is true or false"),
+        "{}",
+        common::show(&bad)
+    );
+
+    let declared = "CREATE PIPELINE p;
+CREATE SOURCE s FROM file WITH (path = 'x.jsonl');
+CREATE SINK m INTO memory WITH (store = 'st');
+CREATE TABLE s.t (id BIGINT NOT NULL, PRIMARY KEY (id));
+CREATE TABLE m.t WITH (primary_key = 'id', schema_changes = 'fail') AS SELECT * FROM s.t;
+";
+    let d = plan_pipeline(
+        urutau_sql::parse_pipeline_sql(declared, "p", &|_| None).unwrap(),
+        &common::registry(),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        on_line(
+            &d,
+            5,
+            "schema_changes applies to sources that report their tables' shape"
+        ),
+        "{}",
+        common::show(&d)
+    );
+}

@@ -75,9 +75,8 @@ pub fn route_options() -> Vec<OptionDef> {
         OptionDef::new(
             "schema_changes",
             OptionType::Enum(&["evolve", "fail"]),
-            "when the source table changes shape: evolve the target (add columns, promote types, keep dropped columns) or stop",
+            "when the source table changes shape: evolve the target (add columns, promote types, keep dropped columns; the default) or stop",
         )
-        .default("evolve")
         .aliases(&["schemaChanges"]),
         OptionDef::new(
             "on_delete",
