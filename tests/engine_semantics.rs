@@ -821,3 +821,91 @@ async fn a_directory_is_read_in_name_order_and_resumed_by_file_and_offset() {
     assert_eq!(rows(&store, "t"), s(&[("1", "b"), ("2", "c")]));
     assert_eq!(rows(&store, "log").len(), 3);
 }
+
+/// A declared table is the contract of a schemaless source: a field the
+/// declaration lacks is left out and its row counted (`/metrics`), a
+/// declared column an event lacks is NULL; with `on_schema_mismatch =
+/// 'fail'` either stops the run naming the table, the line and the field,
+/// and nothing of the batch is committed.
+#[tokio::test]
+async fn a_declared_table_is_the_contract_of_a_schemaless_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    write_lines(
+        &path,
+        &[
+            ins(1, "a"),
+            event(
+                "c",
+                None,
+                Some(json!({"id": 2, "v": "b", "extra": 7})),
+                None,
+            ),
+            event("c", None, Some(json!({"id": 3})), None),
+        ],
+    );
+    let store = common::unique("contract");
+    let text = pipeline(&path, &store, 100);
+    let plan = common::plan_sql(&text)
+        .await
+        .unwrap_or_else(|d| panic!("{}", common::show(&d)));
+    let metrics = urutau_engine::metrics::Metrics::default();
+    urutau_engine::run(
+        &plan,
+        RunOptions {
+            exit_when_caught_up: true,
+            metrics: metrics.clone(),
+            ..Default::default()
+        },
+        Shutdown::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        rows(&store, "t"),
+        vec![
+            vec!["1".to_string(), "a".to_string()],
+            vec!["2".to_string(), "b".to_string()],
+            vec!["3".to_string(), "NULL".to_string()],
+        ]
+    );
+    assert_eq!(metrics.status_json()["sources"]["s"]["mismatched_rows"], 1);
+    assert!(
+        metrics
+            .prometheus()
+            .contains("urutau_mismatched_rows_total{source=\"s\"} 1"),
+        "{}",
+        metrics.prometheus()
+    );
+
+    for (line, field) in [(2, "extra"), (3, "v")] {
+        let strict = common::unique("strict");
+        let text = pipeline(&path, &strict, 100).replace(
+            &format!("FROM file WITH (path = '{}')", path.display()),
+            &format!(
+                "FROM file WITH (path = '{}', on_schema_mismatch = 'fail')",
+                path.display()
+            ),
+        );
+        let lines: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .enumerate()
+            .filter(|(i, _)| *i == 0 || *i + 1 == line)
+            .map(|(_, l)| l.to_string())
+            .collect();
+        let p2 = dir.path().join(format!("strict{line}.jsonl"));
+        std::fs::write(&p2, lines.join("\n") + "\n").unwrap();
+        let text = text.replace(&path.display().to_string(), &p2.display().to_string());
+        let e = run(&text).await.unwrap_err().to_string();
+        assert!(e.contains(field), "{e}");
+        assert!(e.contains("on_schema_mismatch = 'fail'"), "{e}");
+        assert!(e.contains(":2:"), "the line: {e}");
+        assert!(
+            MemoryStore::named(&strict)
+                .table("t")
+                .is_none_or(|t| t.rows.is_empty()),
+            "nothing committed"
+        );
+    }
+}

@@ -51,6 +51,9 @@ pub struct SourceStatus {
     /// Messages left out because they could not be decoded
     /// (`on_decode_error = 'skip'`).
     pub decode_skipped: u64,
+    /// Rows read with a field their table's declaration lacks (the field
+    /// was left out; `on_schema_mismatch = 'ignore'`).
+    pub mismatched_rows: u64,
 }
 
 /// One source table's initial snapshot, as the source copies it.
@@ -303,6 +306,17 @@ impl Metrics {
             });
         s.version += 1;
         s.last_change = Some(change.to_string());
+    }
+
+    /// `rows` rows had a field their declaration lacks (left out).
+    pub fn mismatched_rows(&self, source: &str, rows: u64) {
+        if rows > 0 {
+            self.lock()
+                .sources
+                .entry(source.to_string())
+                .or_default()
+                .mismatched_rows += rows;
+        }
     }
 
     /// A message that could not be decoded was skipped.
@@ -563,6 +577,19 @@ impl Metrics {
                     "urutau_decode_skipped_total{{source=\"{}\"}} {}",
                     label(n),
                     s.decode_skipped
+                )
+            }),
+        );
+        section(
+            &mut out,
+            "urutau_mismatched_rows_total",
+            "counter",
+            "Rows read with a field their table's declaration lacks, which was left out (on_schema_mismatch = 'ignore').",
+            g.sources.iter().map(|(n, s)| {
+                format!(
+                    "urutau_mismatched_rows_total{{source=\"{}\"}} {}",
+                    label(n),
+                    s.mismatched_rows
                 )
             }),
         );

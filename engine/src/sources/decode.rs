@@ -180,6 +180,15 @@ pub struct TableDecoder {
     source_table: String,
     /// Fields seen in the data that the declaration lacks (warned once).
     pub undeclared: Vec<String>,
+    /// The declaration is a strict contract (`on_schema_mismatch =
+    /// 'fail'`): a field it lacks, or a column a row image lacks, is an
+    /// error rather than ignored or NULL.
+    strict: bool,
+    /// Rows decoded with a field the declaration lacks, since the last
+    /// [`TableDecoder::take_mismatched_rows`].
+    mismatched_rows: u64,
+    /// The row being decoded has a field the declaration lacks.
+    row_mismatched: bool,
 }
 
 impl TableDecoder {
@@ -243,7 +252,24 @@ impl TableDecoder {
             schema: scan_schema,
             source_table,
             undeclared: Vec::new(),
+            strict: false,
+            mismatched_rows: 0,
+            row_mismatched: false,
         }
+    }
+
+    /// Makes the declaration a strict contract (`on_schema_mismatch =
+    /// 'fail'`): a row with a field the declaration lacks, or without one
+    /// of its columns, is a decode error naming the field.
+    pub fn with_strict_schema(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
+    /// How many rows had a field the declaration lacks (it was not read)
+    /// since the last call.
+    pub fn take_mismatched_rows(&mut self) -> u64 {
+        std::mem::take(&mut self.mismatched_rows)
     }
 
     /// Rows decoded since the last batch.
@@ -265,12 +291,15 @@ impl TableDecoder {
     /// half-way, the columns disagree on their length).
     pub fn reset(&mut self) {
         let defaults = std::mem::take(&mut self.defaults);
+        let (strict, mismatched) = (self.strict, self.mismatched_rows);
         *self = TableDecoder::with_encodings(
             &self.spec.clone(),
             Arc::clone(&self.schema),
             std::mem::take(&mut self.source_table),
             defaults,
-        );
+        )
+        .with_strict_schema(strict);
+        self.mismatched_rows = mismatched;
     }
 
     /// Takes the columns' encodings from an event's schema part (`None`:
@@ -297,6 +326,7 @@ impl TableDecoder {
         let (kind, line) = (row.kind, row.line);
         self.use_encodings(row.connect);
         self.set.iter_mut().for_each(|s| *s = false);
+        self.row_mismatched = false;
         let mut de = serde_json::Deserializer::from_str(raw);
         let mut failed_field = None;
         let visitor = RowVisitor {
@@ -327,9 +357,16 @@ impl TableDecoder {
                         message: "missing, and the column is declared NOT NULL".to_string(),
                     });
                 }
+                if self.strict && !lenient {
+                    return Err(DecodeError {
+                        field: Some(c.name.clone()),
+                        message: "missing from the row, which declares it (on_schema_mismatch = 'fail'; 'ignore' reads it as NULL)".to_string(),
+                    });
+                }
                 append_null(c, lenient, line)?;
             }
         }
+        self.mismatched_rows += u64::from(self.row_mismatched);
         self.context.append(kind, row.commit_ts, row.snapshot);
         if let Some(c) = &mut self.coordinate {
             c.append(row.stream, row.shard, row.sequence);
@@ -696,7 +733,14 @@ impl<'de> Visitor<'de> for RowVisitor<'_> {
                     }
                 }
                 None => {
+                    if self.decoder.strict {
+                        *self.failed_field = Some(key.to_string());
+                        return Err(de::Error::custom(
+                            "is not declared for the table (on_schema_mismatch = 'fail'; 'ignore' leaves it out and counts the row)",
+                        ));
+                    }
                     map.next_value::<IgnoredAny>()?;
+                    self.decoder.row_mismatched = true;
                     if !self.decoder.undeclared.iter().any(|u| u == key.as_ref()) {
                         self.decoder.undeclared.push(key.to_string());
                     }

@@ -30,16 +30,23 @@ pub struct Assembler {
     warned: HashSet<String>,
     /// Reused for the text of positions.
     pos_text: String,
+    /// Where rows with fields their declaration lacks are counted.
+    report: Option<(crate::metrics::Metrics, String)>,
 }
 
 impl Assembler {
     /// A stage decoding into `tables`.
-    pub fn new(tables: Vec<DecodedTable>, source_path: PathBuf) -> Self {
+    pub fn new(
+        tables: Vec<DecodedTable>,
+        source_path: PathBuf,
+        report: Option<(crate::metrics::Metrics, String)>,
+    ) -> Self {
         Assembler {
             tables,
             source_path,
             warned: HashSet::new(),
             pos_text: String::new(),
+            report,
         }
     }
 
@@ -109,8 +116,12 @@ impl Assembler {
             let table_name = t.table.join(".");
             for u in std::mem::take(&mut t.decoder.undeclared) {
                 if self.warned.insert(format!("{table_name}.{u}")) {
-                    tracing::warn!(table = %table_name, field = %u, "the data has a field the table declaration lacks; it is not read");
+                    tracing::warn!(table = %table_name, field = %u, "the data has a field the table declaration lacks; it is not read (on_schema_mismatch = 'fail' stops instead)");
                 }
+            }
+            let rows = t.decoder.take_mismatched_rows();
+            if let Some((metrics, source)) = &self.report {
+                metrics.mismatched_rows(source, rows);
             }
         }
         Ok(())

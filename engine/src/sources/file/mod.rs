@@ -63,6 +63,12 @@ impl FileSourceProvider {
                         "the unit of integer TIME and TIMESTAMP values in events without a schema part (Debezium's time.precision.mode): adaptive = microseconds, connect = milliseconds",
                     )
                     .default("adaptive"),
+                    OptionDef::new(
+                        "on_schema_mismatch",
+                        OptionType::Enum(&["ignore", "fail"]),
+                        "when an event does not fit its table's declared columns: ignore = a field the declaration lacks is left out (the row is counted in /metrics) and a declared column the event lacks is NULL; fail = either stops the run naming the field",
+                    )
+                    .default("ignore"),
                 ],
                 declares_tables: true,
                 table_options: vec![],
@@ -147,17 +153,19 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
         options.get("time_precision"),
         DecimalHandling::String,
     );
+    let strict = options.get("on_schema_mismatch") == Some("fail");
     let cfg = ReaderConfig {
         path,
         tables: args
             .plan
             .tables
             .iter()
-            .map(|t| TableConfig::from_plan(t, &encodings))
+            .map(|t| TableConfig::from_plan(t, &encodings, strict))
             .collect(),
         start,
         exit_when_caught_up: args.exit_when_caught_up,
         policy: args.policy,
+        report: Some((args.metrics.clone(), args.plan.spec.name.name.clone())),
     };
     // Two batches in flight: decoding overlaps the commits.
     let (tx, rx) = mpsc::channel(2);

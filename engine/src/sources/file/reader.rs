@@ -48,6 +48,9 @@ pub struct ReaderConfig<T = TableConfig> {
     pub start: Option<FilePosition>,
     pub exit_when_caught_up: bool,
     pub policy: BatchPolicy,
+    /// Where rows that did not fit their declaration are counted: the
+    /// run's metrics and the source's name.
+    pub report: Option<(crate::metrics::Metrics, String)>,
 }
 
 /// A routed table: its name parts, its decoder, and which update
@@ -66,8 +69,10 @@ struct FramedTable {
 
 impl TableConfig {
     /// The reader's view of a planned table whose values are encoded as
-    /// `encodings` says (unless an event's schema part says otherwise).
-    pub fn from_plan(plan: &SourceTablePlan, encodings: &Encodings) -> Self {
+    /// `encodings` says (unless an event's schema part says otherwise),
+    /// its declaration a strict contract when `strict`
+    /// (`on_schema_mismatch = 'fail'`).
+    pub fn from_plan(plan: &SourceTablePlan, encodings: &Encodings, strict: bool) -> Self {
         TableConfig {
             table: plan.table.clone(),
             decoder: TableDecoder::with_encodings(
@@ -75,7 +80,8 @@ impl TableConfig {
                 Arc::clone(&plan.scan_schema),
                 plan.table.join("."),
                 encodings.column_logicals(&plan.schema),
-            ),
+            )
+            .with_strict_schema(strict),
             before_images: plan.before_images.clone(),
         }
     }
@@ -606,10 +612,11 @@ pub fn run_reader(
         start: cfg.start,
         exit_when_caught_up: cfg.exit_when_caught_up,
         policy: cfg.policy,
+        report: None,
     };
     let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
     let (spare_tx, spare_rx) = std::sync::mpsc::channel();
-    let assembler = Assembler::new(decoded, cfg.path);
+    let assembler = Assembler::new(decoded, cfg.path, cfg.report);
     let out = tx.clone();
     let name = std::thread::current()
         .name()

@@ -43,9 +43,12 @@ pub struct TopicTable {
 impl TopicTable {
     /// The routed tables, each with its topic (`topic` of the declaration,
     /// else the table's name); an error when two tables read one topic.
+    /// Each declaration is a strict contract when `strict`
+    /// (`on_schema_mismatch = 'fail'`).
     pub fn group(
         tables: &[SourceTablePlan],
         encodings: &Encodings,
+        strict: bool,
     ) -> Result<Vec<TopicTable>, SourceError> {
         let mut out: Vec<TopicTable> = Vec::new();
         for t in tables {
@@ -69,7 +72,8 @@ impl TopicTable {
                     Arc::clone(&t.scan_schema),
                     name,
                     encodings.column_logicals(&t.schema),
-                ),
+                )
+                .with_strict_schema(strict),
                 before_images: t.before_images.clone(),
             });
         }
@@ -112,6 +116,8 @@ pub struct MessageDecoder {
     ignore_truncate: bool,
     schemas: SchemaCache,
     pos_text: String,
+    /// Undeclared fields already warned about (`topic.field`).
+    warned: std::collections::HashSet<String>,
 }
 
 impl MessageDecoder {
@@ -136,6 +142,7 @@ impl MessageDecoder {
             ignore_truncate,
             schemas: SchemaCache::default(),
             pos_text: String::new(),
+            warned: Default::default(),
         }
     }
 
@@ -310,6 +317,15 @@ impl MessageDecoder {
                         .map_err(|e| e.to_string())?;
                 }
             }
+        }
+        if !t.decoder.undeclared.is_empty() {
+            for field in std::mem::take(&mut t.decoder.undeclared) {
+                if self.warned.insert(format!("{}.{field}", t.topic)) {
+                    tracing::warn!(topic = %t.topic, partition = m.partition, offset = m.offset, field = %field, "the message has a field the table declaration lacks; it is not read (on_schema_mismatch = 'fail' stops instead)");
+                }
+            }
+            self.metrics
+                .mismatched_rows(&self.source, t.decoder.take_mismatched_rows());
         }
         if t.decoder.open_rows() > 0 {
             // A message is a transaction of its own: its rows' position is

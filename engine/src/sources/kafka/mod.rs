@@ -80,6 +80,12 @@ impl KafkaSourceProvider {
                     )
                     .default("fail"),
                     OptionDef::new(
+                        "on_schema_mismatch",
+                        T::Enum(&["ignore", "fail"]),
+                        "when a message does not fit its table's declared columns: ignore = a field the declaration lacks is left out (the row is counted in /metrics) and a declared column the message lacks is NULL; fail = either stops the run naming topic, partition, offset and field",
+                    )
+                    .default("ignore"),
+                    OptionDef::new(
                         "on_truncate",
                         T::Enum(&["fail", "ignore"]),
                         "a Debezium truncate event (op t): fail = stop the run; ignore = log it, the sink keeps its rows",
@@ -267,7 +273,11 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
         ),
         _ => None,
     };
-    let tables = TopicTable::group(&args.plan.tables, &encodings)?;
+    let tables = TopicTable::group(
+        &args.plan.tables,
+        &encodings,
+        options.get("on_schema_mismatch") == Some("fail"),
+    )?;
     let topics: Vec<String> = tables.iter().map(|t| t.topic.to_string()).collect();
     let refresh = options
         .get("metadata_refresh")
