@@ -930,3 +930,73 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, v FROM k.items;
     run_to_end(&p);
     assert!(holds(500).await, "every message once");
 }
+
+/// A Kafka table's declaration is its contract: a message with a field the
+/// declaration lacks lands without it (counted), one without a declared
+/// column lands NULL there; with `on_schema_mismatch = 'fail'` the first
+/// such message stops the run, naming topic, partition, offset and field,
+/// and nothing of its batch lands.
+#[tokio::test]
+async fn messages_that_do_not_fit_the_declaration_are_counted_or_stop_the_run() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start(&python, dir.path());
+    kafka.create_topic("items", 1);
+    let messages: Vec<Value> = [
+        json!({"id": 1, "v": "a"}),
+        json!({"id": 2, "v": "b", "extra": true}),
+        json!({"id": 3}),
+    ]
+    .iter()
+    .map(|v| json!({"key": v["id"].to_string(), "value": v.to_string(), "partition": 0}))
+    .collect();
+    kafka.produce("items", &messages);
+    for policy in ["ignore", "fail"] {
+        let lake_dir = dir.path().join(policy);
+        std::fs::create_dir_all(&lake_dir).unwrap();
+        let p = lake_dir.join("p.sql");
+        std::fs::write(
+            &p,
+            format!(
+                "CREATE PIPELINE kt;
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'raw', on_schema_mismatch = '{policy}');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.items (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, v FROM k.items;
+",
+                brokers = kafka.brokers,
+                lake = lake(&lake_dir)
+            ),
+        )
+        .unwrap();
+        if policy == "ignore" {
+            run_to_end(&p);
+            let got = lake_rows(&python, &lake_dir, "items", "id").await;
+            assert_eq!(
+                got,
+                vec![
+                    json!({"id": 1, "v": "a"}),
+                    json!({"id": 2, "v": "b"}),
+                    json!({"id": 3, "v": null}),
+                ]
+            );
+        } else {
+            let out = common::urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{err}");
+            assert!(err.contains("items"), "{err}");
+            assert!(err.contains("offset 1"), "{err}");
+            assert!(err.contains("extra"), "{err}");
+            assert!(err.contains("on_schema_mismatch = 'fail'"), "{err}");
+            let landed =
+                common::catalog_metadata_location(&lake_dir.join("catalog.db"), "bronze", "items")
+                    .await;
+            if let Some(loc) = landed {
+                assert!(
+                    common::duckdb_rows(&python, &loc, "id").is_empty(),
+                    "nothing of the batch"
+                );
+            }
+        }
+    }
+}
