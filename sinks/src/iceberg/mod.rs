@@ -32,7 +32,7 @@ use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::TableProvider;
 use iceberg::arrow::schema_to_arrow_schema;
-use iceberg::spec::{PartitionSpecRef, UnboundPartitionSpec};
+use iceberg::spec::{PartitionSpecRef, TableMetadataBuildResult, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent};
 use tokio::sync::{Mutex, OnceCell};
@@ -409,29 +409,54 @@ impl IcebergSink {
             .ok_or_else(|| SinkError::Io(format!("table {ident} no longer exists in the catalog")))
     }
 
-    /// Removes the parts of a transaction an earlier run staged and did not
-    /// commit (it crashed or failed mid-transaction): the transaction is
-    /// read again from the committed position.
-    async fn discard_staging(&self, mut table: Table) -> Result<Table, SinkError> {
-        for attempt in 0..COMMIT_TRIES {
-            if !commit::has_staging(table.metadata()) {
+    /// Commits the metadata-only change `change` makes of the current
+    /// table, if any (`Ok(None)`: the table needs none), with a note for
+    /// the log; after a conflict, or an error that leaves the outcome
+    /// unknown, the table is reloaded (it shows whether the change landed)
+    /// and `change` asked again.
+    async fn commit_metadata<F>(
+        &self,
+        mut table: Table,
+        what: &str,
+        change: F,
+    ) -> Result<Table, SinkError>
+    where
+        F: Fn(&Table) -> Result<Option<(TableMetadataBuildResult, String)>, SinkError>,
+    {
+        let mut attempt = 0;
+        loop {
+            let Some((result, note)) = change(&table)? else {
                 return Ok(table);
+            };
+            if attempt == COMMIT_TRIES {
+                return Err(SinkError::Io(format!("{what}: too many conflicts")));
             }
-            let result = commit::discard_staging(&table)?;
             match self.conn().await?.commit(&table, result, &[]).await {
                 Outcome::Committed(t) => {
-                    tracing::info!(table = %t.identifier(), "discarded the parts of a transaction an earlier run staged and did not commit; it is read again");
-                    return Ok(t);
+                    tracing::info!(table = %t.identifier(), schema_id = t.metadata().current_schema_id(), "{note}");
+                    table = t;
                 }
                 Outcome::Conflict | Outcome::Unknown(_) => {
                     tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
                     table = self.reload(table.identifier()).await?;
                 }
             }
+            attempt += 1;
         }
-        Err(SinkError::Io(
-            "removing the staging branch: too many conflicts".into(),
-        ))
+    }
+
+    /// Removes the parts of a transaction an earlier run staged and did not
+    /// commit (it crashed or failed mid-transaction): the transaction is
+    /// read again from the committed position.
+    async fn discard_staging(&self, table: Table) -> Result<Table, SinkError> {
+        self.commit_metadata(table, "removing the staging branch", |table| {
+            if !commit::has_staging(table.metadata()) {
+                return Ok(None);
+            }
+            let note = "discarded the parts of a transaction an earlier run staged and did not commit; it is read again";
+            Ok(Some((commit::discard_staging(table)?, note.to_string())))
+        })
+        .await
     }
 
     /// Evolves an existing table's schema toward `target` when it differs
@@ -439,12 +464,8 @@ impl IcebergSink {
     /// to optional), in a metadata-only commit that keeps the table's
     /// position: the rows of the new shape come in later commits, so a
     /// crash never leaves them without their columns.
-    async fn evolve_table(
-        &self,
-        mut table: Table,
-        target: &TargetTable,
-    ) -> Result<Table, SinkError> {
-        for attempt in 0..COMMIT_TRIES {
+    async fn evolve_table(&self, table: Table, target: &TargetTable) -> Result<Table, SinkError> {
+        self.commit_metadata(table, "evolving the table's schema", |table| {
             let md = table.metadata();
             let evolved = schema::evolve(md.current_schema(), md.last_column_id(), target)
                 .map_err(|problems| {
@@ -456,60 +477,45 @@ impl IcebergSink {
                     ))
                 })?;
             let Some(evolved) = evolved else {
-                return Ok(table);
+                return Ok(None);
             };
-            let result = commit::next_metadata(&table)
+            let result = commit::next_metadata(table)
                 .and_then(|b| b.add_current_schema(evolved.schema))
                 .and_then(|b| b.build())
                 .map_err(io_error("evolving the table's schema"))?;
-            match self.conn().await?.commit(&table, result, &[]).await {
-                Outcome::Committed(t) => {
-                    tracing::info!(table = %t.identifier(), schema_id = t.metadata().current_schema_id(), changes = %evolved.changes.join("; "), "evolved the table's schema");
-                    return Ok(t);
-                }
-                Outcome::Conflict | Outcome::Unknown(_) => {
-                    // Reloading shows whether it landed; the loop checks.
-                    tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
-                    table = self.reload(table.identifier()).await?;
-                }
-            }
-        }
-        Err(SinkError::Io(
-            "evolving the table's schema: too many conflicts".into(),
-        ))
+            let note = format!("evolved the table's schema: {}", evolved.changes.join("; "));
+            Ok(Some((result, note)))
+        })
+        .await
     }
 
     /// Adds an unpartitioned spec to a partitioned table (for global
     /// equality deletes) unless it has one; returns the table and the spec.
-    async fn delete_spec(&self, mut table: Table) -> Result<(Table, PartitionSpecRef), SinkError> {
-        for attempt in 0..COMMIT_TRIES {
+    async fn delete_spec(&self, table: Table) -> Result<(Table, PartitionSpecRef), SinkError> {
+        let unpartitioned = |table: &Table| {
             let md = table.metadata();
-            let found = if md.default_partition_spec().is_unpartitioned() {
+            if md.default_partition_spec().is_unpartitioned() {
                 Some(md.default_partition_spec().clone())
             } else {
                 md.partition_specs_iter()
                     .find(|s| s.is_unpartitioned())
                     .cloned()
-            };
-            if let Some(spec) = found {
-                return Ok((table, spec));
             }
-            let result = commit::next_metadata(&table)
-                .and_then(|b| b.add_partition_spec(UnboundPartitionSpec::builder().build()))
-                .and_then(|b| b.build())
-                .map_err(io_error("adding an unpartitioned spec"))?;
-            match self.conn().await?.commit(&table, result, &[]).await {
-                Outcome::Committed(t) => table = t,
-                Outcome::Conflict | Outcome::Unknown(_) => {
-                    // Reloading shows whether it landed; the loop checks.
-                    tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
-                    table = self.reload(table.identifier()).await?;
+        };
+        let table = self
+            .commit_metadata(table, "adding an unpartitioned spec", |table| {
+                if unpartitioned(table).is_some() {
+                    return Ok(None);
                 }
-            }
-        }
-        Err(SinkError::Io(
-            "adding an unpartitioned spec: too many conflicts".into(),
-        ))
+                let result = commit::next_metadata(table)
+                    .and_then(|b| b.add_partition_spec(UnboundPartitionSpec::builder().build()))
+                    .and_then(|b| b.build())
+                    .map_err(io_error("adding an unpartitioned spec"))?;
+                Ok(Some((result, "added an unpartitioned spec".to_string())))
+            })
+            .await?;
+        let spec = unpartitioned(&table).expect("committed above");
+        Ok((table, spec))
     }
 
     /// Swaps in what `build` makes of the current table, reloading and

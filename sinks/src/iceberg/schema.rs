@@ -217,6 +217,13 @@ pub fn check_existing(existing: &Schema, wanted: &Schema) -> Vec<String> {
             ));
         }
     }
+    problems.extend(key_problems(existing, wanted));
+    problems
+}
+
+/// How an existing table's identifier fields differ from the key of the
+/// route's schema `wanted`, one message each.
+fn key_problems(existing: &Schema, wanted: &Schema) -> Vec<String> {
     let names = |s: &Schema| -> Vec<String> {
         let mut v: Vec<String> = s
             .identifier_field_ids()
@@ -227,18 +234,19 @@ pub fn check_existing(existing: &Schema, wanted: &Schema) -> Vec<String> {
     };
     let (hk, wk) = (names(existing), names(wanted));
     if hk.is_empty() && !wk.is_empty() {
-        problems.push(format!(
+        vec![format!(
             "the table has no identifier fields (an append table holds many rows per key), and the upsert route's key is [{}]",
             wk.join(", ")
-        ));
+        )]
     } else if hk != wk && !wk.is_empty() {
-        problems.push(format!(
+        vec![format!(
             "the table's identifier fields are [{}], the route's key is [{}]",
             hk.join(", "),
             wk.join(", ")
-        ));
+        )]
+    } else {
+        Vec::new()
     }
-    problems
 }
 
 /// An existing table evolved toward a route ([`evolve`]).
@@ -382,27 +390,7 @@ pub fn evolve(
     fields.splice(first_metadata..first_metadata, added_data);
     fields.extend(added_metadata);
     // The key stays the key.
-    let key_names = |s: &Schema| -> Vec<String> {
-        let mut v: Vec<String> = s
-            .identifier_field_ids()
-            .filter_map(|id| s.name_by_field_id(id).map(str::to_string))
-            .collect();
-        v.sort();
-        v
-    };
-    let (hk, wk) = (key_names(existing), key_names(&wanted));
-    if hk.is_empty() && !wk.is_empty() {
-        problems.push(format!(
-            "the table has no identifier fields (an append table holds many rows per key), and the upsert route's key is [{}]",
-            wk.join(", ")
-        ));
-    } else if hk != wk && !wk.is_empty() {
-        problems.push(format!(
-            "the table's identifier fields are [{}], the route's key is [{}]",
-            hk.join(", "),
-            wk.join(", ")
-        ));
-    }
+    problems.extend(key_problems(existing, &wanted));
     if !problems.is_empty() {
         return Err(problems);
     }
