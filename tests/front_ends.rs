@@ -331,8 +331,7 @@ tables:
 
 /// The Go engine's sink-level `evolveSchema` sets every table's
 /// `schema_changes` (a table's own `schemaChanges` wins), as the SQL
-/// route option does; a source whose tables are declared (file, Kafka)
-/// refuses the setting, which could not take effect there.
+/// route option does, for declared tables too.
 #[tokio::test]
 async fn evolve_schema_is_each_routes_schema_changes() {
     let yaml = "pipeline: p
@@ -361,26 +360,25 @@ tables:
         common::show(&bad)
     );
 
+    // A declared table follows a changed declaration the same way.
     let declared = "CREATE PIPELINE p;
 CREATE SOURCE s FROM file WITH (path = 'x.jsonl');
 CREATE SINK m INTO memory WITH (store = 'st');
 CREATE TABLE s.t (id BIGINT NOT NULL, PRIMARY KEY (id));
 CREATE TABLE m.t WITH (primary_key = 'id', schema_changes = 'fail') AS SELECT * FROM s.t;
 ";
-    let d = plan_pipeline(
+    let plan = plan_pipeline(
         urutau_sql::parse_pipeline_sql(declared, "p", &|_| None).unwrap(),
         &common::registry(),
     )
     .await
-    .err()
-    .expect("refused");
+    .unwrap_or_else(|d| panic!("{}", common::show(&d)));
+    assert_eq!(
+        plan.routes[0].target.schema_changes,
+        urutau_planner::evolution::SchemaChanges::Fail
+    );
     assert!(
-        on_line(
-            &d,
-            5,
-            "schema_changes applies to sources that report their tables' shape"
-        ),
-        "{}",
-        common::show(&d)
+        plan.explain(ExplainFormat::Indent)
+            .contains("(upsert, schema_changes=fail)")
     );
 }

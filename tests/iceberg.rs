@@ -1018,19 +1018,33 @@ async fn append_records_every_change_once_through_a_rest_catalog_on_s3() {
     append_once(&python, dir.path(), &Catalog::Rest(&server)).await;
 }
 
+/// A declaration that changed between runs: with `schema_changes =
+/// 'fail'` a table that no longer matches is an error naming the columns;
+/// by default the table is evolved (`qty` promoted in place, its field id
+/// kept) and keeps every row, as DuckDB reads it.
 #[tokio::test]
-async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
+async fn an_existing_table_that_does_not_match_is_refused_or_evolved() {
+    let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("changes.jsonl");
     let (lines, _) = workload(3, 50, 20);
     write_lines(&data, &lines);
     let p = pipeline(dir.path(), &data, "upsert", 100, &Catalog::Sql(dir.path()));
     run_to_end(&p);
+    let loc = Catalog::Sql(dir.path()).location("bronze.items").await;
+    let before = common::duckdb_rows(&python, &loc, "id");
     // The same table, now routed with another type for `qty`.
     let text = std::fs::read_to_string(&p)
         .unwrap()
         .replace("qty INT", "qty BIGINT");
-    std::fs::write(&p, text).unwrap();
+    std::fs::write(
+        &p,
+        text.replace(
+            "(write_mode = 'upsert')",
+            "(write_mode = 'upsert', schema_changes = 'fail')",
+        ),
+    )
+    .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_urutau"))
         .args(["run", p.to_str().unwrap(), "--exit-when-caught-up"])
         .output()
@@ -1041,6 +1055,29 @@ async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
         err.contains("column `qty` is int in the table, and the route writes long"),
         "{err}"
     );
+    std::fs::write(&p, &text).unwrap();
+    run_to_end(&p);
+    let loc = Catalog::Sql(dir.path()).location("bronze.items").await;
+    let md: Value =
+        serde_json::from_str(&std::fs::read_to_string(loc.trim_start_matches("file://")).unwrap())
+            .unwrap();
+    let qty = |schema: &Value| {
+        schema["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "qty")
+            .cloned()
+            .unwrap()
+    };
+    let now = qty(current_schema(&md));
+    assert_eq!(now["type"], "long");
+    assert_eq!(
+        now["id"],
+        qty(&md["schemas"][0])["id"],
+        "the field id is kept"
+    );
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), before);
 }
 
 #[tokio::test]

@@ -143,9 +143,9 @@ pub struct RoutePlan {
     /// Where the runner pushes the route's change batches.
     pub feed: Arc<RouteFeed>,
     pub bound: BoundRoute,
-    /// The route's `schema_changes`, when its source reports its tables'
-    /// shape (a declared table has none to follow).
-    pub schema_changes: Option<SchemaChanges>,
+    /// What the route does when its source table changes shape (or, for
+    /// a declared table, its declaration changes between runs).
+    pub schema_changes: SchemaChanges,
 }
 
 /// How `plan --explain` renders physical plans.
@@ -321,8 +321,7 @@ pub async fn plan_pipeline_with(
                 schema_changes: bound.settings.schema_changes,
             }),
         }
-        let schema_changes =
-            (!source_provider.def().declares_tables).then_some(bound.settings.schema_changes);
+        let schema_changes = bound.settings.schema_changes;
         routes.push(RoutePlan {
             name: route.display_name(),
             source: source.name.name.clone(),
@@ -475,15 +474,13 @@ impl PipelinePlan {
             }
             let _ = writeln!(
                 out,
-                "-- route {}: {}.{} -> {} ({}{})",
+                "-- route {}: {}.{} -> {} ({}, schema_changes={})",
                 r.name,
                 r.source,
                 r.source_table.join("."),
                 r.target.display_name(),
                 r.target.mode,
                 r.schema_changes
-                    .map(|p| format!(", schema_changes={p}"))
-                    .unwrap_or_default()
             );
             let _ = writeln!(out, "logical plan:");
             let _ = writeln!(out, "{}", r.logical.display_indent());

@@ -75,7 +75,7 @@ pub fn route_options() -> Vec<OptionDef> {
         OptionDef::new(
             "schema_changes",
             OptionType::Enum(&["evolve", "fail"]),
-            "when the source table changes shape: evolve the target (add columns, promote types, keep dropped columns; the default) or stop",
+            "when the source table changes shape (or a declared table's declaration changes between runs): evolve the target (add columns, promote types, keep dropped columns; the default) or stop",
         )
         .aliases(&["schemaChanges"]),
         OptionDef::new(
@@ -423,22 +423,6 @@ pub fn validate(spec: &mut PipelineSpec, registry: &Registry) -> Diagnostics {
                 )
                 .with_rule("append-idempotent relies on the transport's own monotonic coordinate (partition + offset) to make duplicates provably absent")
                 .with_help("use write_mode = 'upsert' (idempotent by key) or 'append' (at-least-once)"),
-            );
-        }
-        if let Some(e) = route.options.entry("schema_changes")
-            && let Some(src) = &source_def
-            && src.declares_tables
-        {
-            d.push(
-                Diagnostic::error(
-                    e.name_span,
-                    format!(
-                        "schema_changes applies to sources that report their tables' shape (postgres); source `{}` ({}) reads the columns its table declares",
-                        route.source, src.name
-                    ),
-                )
-                .with_rule("a setting that cannot take effect is a validation error")
-                .with_help("change the declared columns (CREATE TABLE source.table (...)) and remove schema_changes"),
             );
         }
         if let Some(e) = route.options.entry("on_delete")

@@ -141,14 +141,47 @@ pub async fn contract(s: &impl SinkUnderTest) {
     assert_eq!(s.position("contract").await.as_deref(), resumed.as_deref());
 
     if s.checks_schema() {
+        // A route that no longer matches the table: refused with
+        // `schema_changes = 'fail'`, naming the column.
         let other = contract_text(s, "id BIGINT NOT NULL, name VARCHAR, extra BIGINT");
-        let plan = super::plan_sql(&other).await.unwrap();
+        let strict = other.replace(
+            "(primary_key = 'id'",
+            "(primary_key = 'id', schema_changes = 'fail'",
+        );
+        let plan = super::plan_sql(&strict).await.unwrap();
         let err = plan.routes[0]
             .sink
             .ensure_table(&plan.routes[0].target)
             .await
             .expect_err("a route that does not match the existing table is refused");
         assert!(err.to_string().contains("extra"), "{err}");
+        // Evolved by default: the column is added, the position and the
+        // rows are kept.
+        let plan = super::plan_sql(&other).await.unwrap();
+        plan.routes[0]
+            .sink
+            .ensure_table(&plan.routes[0].target)
+            .await
+            .unwrap();
+        assert_eq!(s.position("contract").await.as_deref(), resumed.as_deref());
+        let id_name = |rows: Vec<Value>| -> Vec<Value> {
+            rows.iter()
+                .map(|r| json!({"id": r["id"], "name": r["name"]}))
+                .collect()
+        };
+        assert_eq!(id_name(s.rows("contract", 60).await), want);
+        // The table, evolved from the route, still takes the route's rows
+        // (the column it does not write is NULL).
+        let plan = super::plan_sql(&text).await.unwrap();
+        let (sink, target) = (plan.routes[0].sink.clone(), plan.routes[0].target.clone());
+        sink.ensure_table(&target).await.unwrap();
+        sink.commit(&target, &simple_batch(&[(1, Some("c"))]), "400")
+            .await
+            .unwrap();
+        assert_eq!(s.position("contract").await.as_deref(), Some("400"));
+        let mut now = want.clone();
+        now[0]["name"] = json!("c");
+        assert_eq!(id_name(s.rows("contract", 60).await), now);
     }
 }
 
