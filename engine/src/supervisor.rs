@@ -198,11 +198,23 @@ where
                     change = %change.description,
                     "the table changed at the source: planning its routes again with its new shape, from the committed positions"
                 );
+                let key = (change.source.clone(), change.table.clone());
+                if overrides.get(&key) == Some(&change.schema) {
+                    // Planning again with the shape it was planned with
+                    // cannot help: stop rather than loop.
+                    return Err(RunError::SchemaChanged {
+                        source_name: change.source.clone(),
+                        message: format!(
+                            "table {} changed at the source ({}), and planning its routes again with the grown shape did not settle it (the same change was found again); stopping rather than looping",
+                            change.table.join("."),
+                            change.description
+                        ),
+                        change,
+                        transient: false,
+                    });
+                }
                 metrics.schema_changed(&change.source, &change.table, &change.description);
-                overrides.insert(
-                    (change.source.clone(), change.table.clone()),
-                    change.schema.clone(),
-                );
+                overrides.insert(key, change.schema.clone());
                 match replan(&overrides).await {
                     Ok(p) => {
                         plan = p;
