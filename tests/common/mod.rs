@@ -23,8 +23,11 @@ pub fn urutau(args: &[&str]) -> std::process::Output {
 
 /// Starts `urutau run PIPELINE --exit-when-caught-up` and SIGKILLs it after
 /// a pause drawn from `pause_ms` (seeded), until it has been killed `kills`
-/// times; a run that ends by itself before that must have succeeded, and
-/// fails the test (it was not killed often enough).
+/// times after committing something; a run that ends by itself before that
+/// must have succeeded, and fails the test (it was not killed often
+/// enough). A run killed before its first commit (a loaded machine starts
+/// slowly) does not count, and the next pauses are at least twice as long,
+/// so the kills land mid-stream however fast the machine is.
 pub fn kill_9_runs(
     pipeline: &std::path::Path,
     seed: u64,
@@ -34,6 +37,7 @@ pub fn kill_9_runs(
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (mut done, mut runs) = (0, 0);
+    let mut floor_ms = 0u64;
     while done < kills && runs < 40 {
         runs += 1;
         // The run's log, for the message if it fails.
@@ -44,7 +48,8 @@ pub fn kill_9_runs(
                 pipeline.to_str().unwrap(),
                 "--exit-when-caught-up",
                 "--log-level",
-                "warn",
+                // The runner's commits show in the log.
+                "warn,urutau_engine::runner=debug",
             ])
             // A Postgres snapshot's windows widened (the test hook), so a
             // snapshot lasts long enough to be killed in.
@@ -53,14 +58,18 @@ pub fn kill_9_runs(
             .stderr(std::fs::File::create(&log_path).unwrap())
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(
-            rng.random_range(pause_ms.clone()),
-        ));
+        let pause = rng.random_range(pause_ms.clone()).max(floor_ms);
+        std::thread::sleep(std::time::Duration::from_millis(pause));
         match child.try_wait().unwrap() {
             None => {
                 child.kill().unwrap(); // SIGKILL
                 child.wait().unwrap();
-                done += 1;
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                if log.contains("urutau_engine::runner: committed") {
+                    done += 1;
+                } else {
+                    floor_ms = (pause * 2).min(20_000);
+                }
             }
             Some(status) => {
                 assert!(
