@@ -1000,3 +1000,64 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, v FROM k.items;
         }
     }
 }
+
+/// Real Debezium (`schemas.enable = true`) carries a column added at the
+/// source in its events' schema part: the declared table (which never
+/// names it) is planned again with it, and the Iceberg table gains the
+/// column with its values, as DuckDB reads them.
+#[tokio::test]
+async fn a_column_added_at_the_source_reaches_iceberg_through_debezium() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let pg = Postgres::start(&dir.path().join("pg"));
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&pg.uri())
+        .await
+        .unwrap();
+    pool.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a'), (2, 'b')",
+    )
+    .await
+    .unwrap();
+    let mut kafka = Kafka::start(&python, dir.path());
+    kafka.start_debezium(&pg, "dbz_slot", "public.t", "dbz", true);
+    let lake_dir = dir.path().join("lake");
+    std::fs::create_dir_all(&lake_dir).unwrap();
+    let p = lake_dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE kt;
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.t (id INT NOT NULL, v VARCHAR, PRIMARY KEY (id)) WITH (topic = 'dbz.public.t');
+CREATE TABLE lake.t AS SELECT * FROM k.t;
+",
+            brokers = kafka.brokers,
+            lake = lake(&lake_dir)
+        ),
+    )
+    .unwrap();
+    kafka.values("dbz.public.t", 2);
+    run_to_end(&p);
+    assert_eq!(lake_rows(&python, &lake_dir, "t", "id").await.len(), 2);
+
+    pool.execute(
+        "ALTER TABLE t ADD COLUMN qty bigint;
+         INSERT INTO t VALUES (3, 'c', 30);
+         UPDATE t SET qty = 5000000000 WHERE id = 1",
+    )
+    .await
+    .unwrap();
+    kafka.values("dbz.public.t", 4);
+    run_to_end(&p);
+    assert_eq!(
+        lake_rows(&python, &lake_dir, "t", "id").await,
+        vec![
+            json!({"id": 1, "v": "a", "qty": 5_000_000_000i64}),
+            json!({"id": 2, "v": "b", "qty": null}),
+            json!({"id": 3, "v": "c", "qty": 30}),
+        ]
+    );
+}

@@ -685,3 +685,84 @@ async fn a_route_naming_a_dropped_column_stops_and_says_how_to_fix_it() {
         "nothing after the drop"
     );
 }
+
+/// Debezium events with a schema part carry their table's shape: a column
+/// added, then widened, at the source reaches the Iceberg table (one schema
+/// per change) though the declaration never named it; a restart accepts
+/// the evolved table; with `schema_changes = 'fail'` the first event of a
+/// new shape stops the run, naming the file's line and what changed.
+#[tokio::test]
+async fn debezium_schema_parts_evolve_a_declared_table() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let field = |name: &str, ty: &str| json!({"type": ty, "optional": name != "id", "field": name});
+    let event = |fields: Vec<Value>, op: &str, after: Value| {
+        let row = json!({"type": "struct", "fields": fields, "optional": true, "field": "after"});
+        json!({
+            "schema": {"type": "struct", "fields": [row, {"type": "string", "field": "op"}]},
+            "payload": {"before": null, "after": after, "op": op,
+                        "source": {"table": "t", "schema": "public", "ts_ms": 1}},
+        })
+        .to_string()
+    };
+    let (id, v) = (field("id", "int64"), field("v", "string"));
+    let lines = [
+        event(vec![id.clone(), v.clone()], "c", json!({"id": 1, "v": "a"})),
+        event(
+            vec![id.clone(), v.clone(), field("qty", "int32")],
+            "c",
+            json!({"id": 2, "v": "b", "qty": 5}),
+        ),
+        event(
+            vec![id, v, field("qty", "int64")],
+            "u",
+            json!({"id": 1, "v": "a2", "qty": 5_000_000_000i64}),
+        ),
+    ];
+    let data = dir.path().join("events.jsonl");
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let write = |options: &str| {
+        let p = dir.path().join("p.sql");
+        std::fs::write(
+            &p,
+            format!(
+                "CREATE PIPELINE p;
+CREATE SOURCE f FROM file WITH (path = '{}');
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
+CREATE TABLE f.public.t (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.t WITH (primary_key = 'id'{options}) AS SELECT * FROM f.public.t;
+",
+                data.display(),
+                d = dir.path().display()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let strict = write(", schema_changes = 'fail'");
+    let out = common::urutau(&["run", strict.to_str().unwrap(), "--exit-when-caught-up"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("events.jsonl:2"), "{err}");
+    assert!(err.contains("column qty (INT) added"), "{err}");
+    std::fs::remove_file(dir.path().join("catalog.db")).unwrap();
+    std::fs::remove_dir_all(dir.path().join("wh")).unwrap();
+
+    let p = write("");
+    common::run_to_end(&p);
+    common::run_to_end(&p);
+    let (loc, md) = metadata(dir.path(), "t").await.unwrap();
+    assert_eq!(
+        common::duckdb_rows(&python, &loc, "id"),
+        vec![
+            json!({"id": 1, "v": "a2", "qty": 5_000_000_000i64}),
+            json!({"id": 2, "v": "b", "qty": 5}),
+        ]
+    );
+    assert_eq!(
+        md["schemas"].as_array().unwrap().len(),
+        3,
+        "{:#}",
+        md["schemas"]
+    );
+}

@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use urutau_planner::evolution::{SchemaChange, SchemaChanges, promotes};
 use urutau_planner::plan::BeforeImages;
 use urutau_planner::registry::SourceTableSchema;
+use urutau_planner::spec::{ColumnSpec, Ident};
 use urutau_planner::types::CanonicalType;
 
 use super::decode::{Logical, TimeUnitOf, top_level_fields_differ};
@@ -258,14 +260,21 @@ impl Encodings {
 }
 
 /// The value encodings a Kafka Connect schema part gives the fields of an
-/// event's row images (`after`, else `before`): field name -> encoding.
+/// event's row images (`after`, else `before`): field name -> encoding;
+/// and the shape of the row it describes.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ConnectFields {
     pub fields: HashMap<String, Logical>,
+    /// The row's fields in order, each with its canonical type (`None`:
+    /// a Connect type with no canonical one, e.g. a variable-scale
+    /// decimal).
+    pub shape: Vec<(String, Option<CanonicalType>)>,
 }
 
 #[derive(Deserialize)]
 struct SchemaNode {
+    #[serde(default, rename = "type")]
+    ty: Option<String>,
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
@@ -273,7 +282,65 @@ struct SchemaNode {
     #[serde(default)]
     fields: Vec<SchemaNode>,
     #[serde(default)]
+    items: Option<Box<SchemaNode>>,
+    #[serde(default)]
+    keys: Option<Box<SchemaNode>>,
+    #[serde(default)]
+    values: Option<Box<SchemaNode>>,
+    #[serde(default)]
     parameters: HashMap<String, serde_json::Value>,
+}
+
+/// A schema parameter as a number (Connect writes them as strings).
+fn parameter(node: &SchemaNode, key: &str) -> Option<i64> {
+    match node.parameters.get(key)? {
+        serde_json::Value::String(s) => s.parse().ok(),
+        serde_json::Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+/// The canonical type of a Connect schema node, as Debezium's logical
+/// names and Connect's types describe the column (`None`: none fits).
+fn canonical_of(node: &SchemaNode) -> Option<CanonicalType> {
+    use CanonicalType as C;
+    let logical = node.name.as_deref().unwrap_or("");
+    Some(match logical {
+        "org.apache.kafka.connect.data.Decimal" => C::Decimal {
+            precision: parameter(node, "connect.decimal.precision").unwrap_or(38) as u8,
+            scale: parameter(node, "scale")? as u8,
+        },
+        "io.debezium.data.VariableScaleDecimal" => return None,
+        "io.debezium.time.Date" | "org.apache.kafka.connect.data.Date" => C::Date,
+        "io.debezium.time.Time"
+        | "org.apache.kafka.connect.data.Time"
+        | "io.debezium.time.MicroTime"
+        | "io.debezium.time.NanoTime"
+        | "io.debezium.time.ZonedTime" => C::Time,
+        "io.debezium.time.Timestamp"
+        | "org.apache.kafka.connect.data.Timestamp"
+        | "io.debezium.time.MicroTimestamp"
+        | "io.debezium.time.NanoTimestamp" => C::Timestamp,
+        "io.debezium.time.ZonedTimestamp" => C::TimestampTz,
+        "io.debezium.data.Json" => C::Json,
+        "io.debezium.data.Uuid" => C::Uuid,
+        "io.debezium.data.Enum" | "io.debezium.data.Bits" => C::String,
+        _ => match node.ty.as_deref()? {
+            "int8" | "int16" | "int32" => C::Int32,
+            "int64" => C::Int64,
+            "float" | "float32" => C::Float32,
+            "double" | "float64" => C::Float64,
+            "boolean" => C::Bool,
+            "string" => C::String,
+            "bytes" => C::Binary,
+            "array" => C::List(Box::new(canonical_of(node.items.as_deref()?)?)),
+            "map" => C::Map(
+                Box::new(canonical_of(node.keys.as_deref()?)?),
+                Box::new(canonical_of(node.values.as_deref()?)?),
+            ),
+            _ => return None,
+        },
+    })
 }
 
 impl ConnectFields {
@@ -296,11 +363,71 @@ impl ConnectFields {
             None => &node.fields,
         };
         let mut out = HashMap::new();
+        let mut shape = Vec::with_capacity(fields.len());
         for f in fields {
             let Some(name) = &f.field else { continue };
             out.insert(name.clone(), logical_of(f)?);
+            shape.push((name.clone(), canonical_of(f)));
         }
-        Ok(ConnectFields { fields: out })
+        Ok(ConnectFields { fields: out, shape })
+    }
+
+    /// What this schema part asks of a table planned as `planned`: `None`
+    /// when the plan reads its events as they are; else the grown shape
+    /// (Debezium's events carry their table's shape, so a column added or
+    /// widened at the source shows here first): fields the plan lacks are
+    /// added, nullable (those without a canonical type are left out, as
+    /// undeclared fields are), and a planned column whose type the event
+    /// widens in place is widened. Other type differences stay the
+    /// declaration's to convert (or refuse, value by value). With
+    /// `schema_changes = 'fail'` any such change is an error saying what
+    /// changed.
+    pub fn shape_change(
+        &self,
+        source: &str,
+        table: &[String],
+        planned: &SourceTableSchema,
+        policy: SchemaChanges,
+    ) -> Result<Option<SchemaChange>, String> {
+        let mut grown = planned.clone();
+        let mut what = Vec::new();
+        let mut added = Vec::new();
+        for (name, ty) in &self.shape {
+            let Some(ty) = ty else { continue };
+            match grown.columns.iter_mut().find(|c| &c.name.name == name) {
+                Some(c) if promotes(&c.ty, ty) => {
+                    what.push(format!("column {name} changed from {} to {ty}", c.ty));
+                    c.ty = ty.clone();
+                }
+                Some(_) => {}
+                None => {
+                    what.push(format!("column {name} ({ty}) added"));
+                    added.push(name.clone());
+                    grown.columns.push(ColumnSpec {
+                        name: Ident::new(name.clone(), Default::default()),
+                        ty: ty.clone(),
+                        nullable: true,
+                    });
+                }
+            }
+        }
+        if what.is_empty() {
+            return Ok(None);
+        }
+        let description = what.join("; ");
+        if policy == SchemaChanges::Fail {
+            return Err(format!(
+                "the events' schema part says table {} changed at the source: {description}; its routes set schema_changes = 'fail' (set it to 'evolve' to let the targets follow)",
+                table.join(".")
+            ));
+        }
+        Ok(Some(SchemaChange {
+            source: source.to_string(),
+            table: table.to_vec(),
+            schema: grown,
+            description,
+            added,
+        }))
     }
 }
 
@@ -410,6 +537,80 @@ mod tests {
         let a = cache.get(raw).unwrap();
         let b = cache.get(raw).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
+    }
+
+    #[test]
+    fn a_schema_part_grows_the_plan_by_added_and_widened_columns() {
+        let schema = r#"{"type":"struct","fields":[{"type":"struct","field":"after","fields":[
+            {"type":"int64","optional":false,"field":"id"},
+            {"type":"int64","optional":true,"field":"qty"},
+            {"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","parameters":{"scale":"2","connect.decimal.precision":"12"},"field":"amount"},
+            {"type":"string","optional":true,"name":"io.debezium.time.ZonedTimestamp","field":"at"},
+            {"type":"array","optional":true,"items":{"type":"string","optional":true},"field":"tags"},
+            {"type":"struct","optional":true,"name":"io.debezium.data.VariableScaleDecimal","fields":[],"field":"odd"},
+            {"type":"string","optional":true,"field":"name"}
+        ]}]}"#;
+        let f = ConnectFields::parse(schema).unwrap();
+        let planned = SourceTableSchema {
+            columns: vec![
+                ColumnSpec {
+                    name: Ident::new("id", Default::default()),
+                    ty: CanonicalType::Int64,
+                    nullable: false,
+                },
+                ColumnSpec {
+                    name: Ident::new("qty", Default::default()),
+                    ty: CanonicalType::Int32,
+                    nullable: true,
+                },
+                ColumnSpec {
+                    name: Ident::new("name", Default::default()),
+                    ty: CanonicalType::Json,
+                    nullable: true,
+                },
+            ],
+            primary_key: vec!["id".into()],
+            dropped: vec![],
+        };
+        let table = vec!["t".to_string()];
+        let change = f
+            .shape_change("k", &table, &planned, SchemaChanges::Evolve)
+            .unwrap()
+            .unwrap();
+        let shape: Vec<String> = change
+            .schema
+            .columns
+            .iter()
+            .map(|c| format!("{} {}", c.name.name, c.ty))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "id BIGINT",
+                "qty BIGINT",
+                "name JSON",
+                "amount DECIMAL(12,2)",
+                "at TIMESTAMPTZ",
+                "tags LIST<VARCHAR>"
+            ],
+            "a declared type the event does not widen stays; odd has no canonical type"
+        );
+        assert_eq!(change.added, ["amount", "at", "tags"]);
+        assert!(
+            change
+                .description
+                .starts_with("column qty changed from INT to BIGINT")
+        );
+        // Planned as grown: nothing more to change.
+        assert!(
+            f.shape_change("k", &table, &change.schema, SchemaChanges::Evolve)
+                .unwrap()
+                .is_none()
+        );
+        let e = f
+            .shape_change("k", &table, &planned, SchemaChanges::Fail)
+            .unwrap_err();
+        assert!(e.contains("schema_changes = 'fail'"), "{e}");
     }
 
     #[test]

@@ -266,6 +266,12 @@ impl TableDecoder {
         self
     }
 
+    /// The table's columns as planned (the declaration, grown by schema
+    /// changes the run followed).
+    pub fn schema(&self) -> &SourceTableSchema {
+        &self.spec
+    }
+
     /// How many rows had a field the declaration lacks (it was not read)
     /// since the last call.
     pub fn take_mismatched_rows(&mut self) -> u64 {

@@ -166,6 +166,7 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
         exit_when_caught_up: args.exit_when_caught_up,
         policy: args.policy,
         report: Some((args.metrics.clone(), args.plan.spec.name.name.clone())),
+        source: args.plan.spec.name.name.clone(),
     };
     // Two batches in flight: decoding overlaps the commits.
     let (tx, rx) = mpsc::channel(2);

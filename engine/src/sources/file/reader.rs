@@ -19,13 +19,17 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
+use urutau_planner::evolution::SchemaChanges;
 use urutau_planner::plan::{BeforeImages, SourceTablePlan};
+use urutau_planner::registry::SourceTableSchema;
 
 use super::assemble::{Assembler, DecodedTable, run_assembler};
 use super::chunk::{Chunk, RowImage, Step};
 use crate::batching::BatchPolicy;
 use crate::position::FilePosition;
-use crate::sources::debezium::{Encodings, EventRows, SchemaCache, parse_event, row_images};
+use crate::sources::debezium::{
+    ConnectFields, Encodings, EventRows, SchemaCache, parse_event, row_images,
+};
 use crate::sources::decode::TableDecoder;
 use crate::sources::panic_message;
 use crate::sources::{SourceBatch, SourceError};
@@ -51,6 +55,8 @@ pub struct ReaderConfig<T = TableConfig> {
     /// Where rows that did not fit their declaration are counted: the
     /// run's metrics and the source's name.
     pub report: Option<(crate::metrics::Metrics, String)>,
+    /// The source's name (a schema change names it).
+    pub source: String,
 }
 
 /// A routed table: its name parts, its decoder, and which update
@@ -59,12 +65,20 @@ pub struct TableConfig {
     pub table: Vec<String>,
     pub decoder: TableDecoder,
     pub before_images: BeforeImages,
+    /// What a change of the table's shape (an event's schema part with
+    /// more or wider columns) does.
+    pub schema_changes: SchemaChanges,
 }
 
 /// What the framing stage knows of a routed table.
 struct FramedTable {
     table: Vec<String>,
     before_images: BeforeImages,
+    /// The table as planned, and what a change of its shape does.
+    schema: SourceTableSchema,
+    schema_changes: SchemaChanges,
+    /// The schema part the plan was last found to read as it is.
+    checked: Option<Arc<ConnectFields>>,
 }
 
 impl TableConfig {
@@ -83,6 +97,7 @@ impl TableConfig {
             )
             .with_strict_schema(strict),
             before_images: plan.before_images.clone(),
+            schema_changes: plan.schema_changes,
         }
     }
 }
@@ -544,6 +559,20 @@ impl Reader {
                 Some(s) => Some(self.schemas.get(s).map_err(|e| self.error_at(e))?),
                 None => None,
             };
+            if let Some(c) = &connect {
+                let t = &self.cfg.tables[idx];
+                if !t.checked.as_ref().is_some_and(|k| Arc::ptr_eq(k, c)) {
+                    let change = c
+                        .shape_change(&self.cfg.source, &t.table, &t.schema, t.schema_changes)
+                        .map_err(|e| self.error_at(e))?;
+                    if let Some(change) = change {
+                        // Nothing of this line on: the run plans the table
+                        // again and reads on from what the sinks hold.
+                        return Err(SourceError::schema_changed(change));
+                    }
+                    self.cfg.tables[idx].checked = Some(Arc::clone(c));
+                }
+            }
             for (kind, image) in images.into_iter().flatten() {
                 // The image's place in the chunk's text.
                 let start = base + (image.get().as_ptr() as usize - line_bytes.as_ptr() as usize);
@@ -600,6 +629,9 @@ pub fn run_reader(
         framed.push(FramedTable {
             table: t.table.clone(),
             before_images: t.before_images,
+            schema: t.decoder.schema().clone(),
+            schema_changes: t.schema_changes,
+            checked: None,
         });
         decoded.push(DecodedTable {
             table: t.table,
@@ -613,6 +645,7 @@ pub fn run_reader(
         exit_when_caught_up: cfg.exit_when_caught_up,
         policy: cfg.policy,
         report: None,
+        source: cfg.source.clone(),
     };
     let (chunks_tx, chunks_rx) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
     let (spare_tx, spare_rx) = std::sync::mpsc::channel();

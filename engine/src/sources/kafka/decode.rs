@@ -12,12 +12,15 @@ use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 
 use tokio::sync::mpsc;
+use urutau_planner::evolution::{SchemaChange, SchemaChanges};
 use urutau_planner::plan::{BeforeImages, SourceTablePlan};
 
 use super::avro::Registry;
 use crate::change_batch::{MessageMeta, RowKind};
 use crate::position::{Offsets, Position};
-use crate::sources::debezium::{Encodings, EventRows, SchemaCache, parse_event, row_images};
+use crate::sources::debezium::{
+    ConnectFields, Encodings, EventRows, SchemaCache, parse_event, row_images,
+};
 use crate::sources::decode::{RowMeta, TableDecoder};
 use crate::sources::{SourceBatch, SourceError, TableChanges};
 
@@ -38,6 +41,11 @@ pub struct TopicTable {
     pub topic: Arc<str>,
     decoder: TableDecoder,
     before_images: BeforeImages,
+    /// What a change of the table's shape (an event's schema part with
+    /// more or wider columns) does.
+    schema_changes: SchemaChanges,
+    /// The schema part the table's plan was last found to read as it is.
+    checked: Option<Arc<ConnectFields>>,
 }
 
 impl TopicTable {
@@ -75,6 +83,8 @@ impl TopicTable {
                 )
                 .with_strict_schema(strict),
                 before_images: t.before_images.clone(),
+                schema_changes: t.schema_changes,
+                checked: None,
             });
         }
         Ok(out)
@@ -118,6 +128,9 @@ pub struct MessageDecoder {
     pos_text: String,
     /// Undeclared fields already warned about (`topic.field`).
     warned: std::collections::HashSet<String>,
+    /// A table's shape changed (its events' schema part): the batch stops
+    /// there and the run plans the table again.
+    change: Option<SchemaChange>,
 }
 
 impl MessageDecoder {
@@ -143,6 +156,7 @@ impl MessageDecoder {
             schemas: SchemaCache::default(),
             pos_text: String::new(),
             warned: Default::default(),
+            change: None,
         }
     }
 
@@ -179,6 +193,9 @@ impl MessageDecoder {
                     continue;
                 }
                 if let Err(e) = self.decode_message(m) {
+                    if let Some(change) = self.change.take() {
+                        return Err(SourceError::schema_changed(change));
+                    }
                     let t = &self.tables[m.table];
                     let message = format!(
                         "topic {} partition {} offset {}: table {}: {e}",
@@ -303,6 +320,20 @@ impl MessageDecoder {
                     Some(s) => Some(self.schemas.get(s)?),
                     None => None,
                 };
+                if let Some(c) = &connect
+                    && !t.checked.as_ref().is_some_and(|k| Arc::ptr_eq(k, c))
+                {
+                    if let Some(change) = c.shape_change(
+                        &self.source,
+                        &t.table,
+                        t.decoder.schema(),
+                        t.schema_changes,
+                    )? {
+                        self.change = Some(change);
+                        return Err("the table changed at the source".to_string());
+                    }
+                    t.checked = Some(Arc::clone(c));
+                }
                 meta.connect = connect.as_ref();
                 meta.snapshot = snapshot;
                 meta.commit_ts = if snapshot {
