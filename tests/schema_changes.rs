@@ -766,3 +766,51 @@ CREATE TABLE lake.t WITH (primary_key = 'id'{options}) AS SELECT * FROM f.public
         md["schemas"]
     );
 }
+
+/// A preview plans nothing again: it plans the table from its current
+/// shape, which reads the backlog's rows before and after a column was
+/// added; a backlog the current shape cannot read (a row carrying a column
+/// dropped since) is shown up to that point, and the preview says so. It
+/// creates and commits nothing.
+#[tokio::test]
+async fn a_preview_follows_or_stops_at_a_change_of_shape() {
+    let s = setup().await;
+    s.db.execute("INSERT INTO t VALUES (1, 'a', 1, 1.5, 'x')")
+        .await
+        .unwrap();
+    let p = pipeline(&s, None, "", "*");
+    common::run_to_end(&p);
+    let preview = || {
+        let out = common::urutau(&["preview", p.to_str().unwrap(), "--limit", "10"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    s.db.execute(
+        "INSERT INTO t VALUES (2, 'b', 2, 2.5, 'before the change');
+         ALTER TABLE t ADD COLUMN extra int;
+         INSERT INTO t VALUES (3, 'c', 3, 3.5, 'after the change', 7)",
+    )
+    .await
+    .unwrap();
+    let (stdout, _) = preview();
+    assert!(stdout.contains("before the change"), "{stdout}");
+    assert!(stdout.contains("after the change"), "{stdout}");
+    assert!(stdout.contains("| extra |"), "{stdout}");
+
+    s.db.execute(
+        "ALTER TABLE t DROP COLUMN v; INSERT INTO t VALUES (4, 4, 4.5, 'after the drop', 8)",
+    )
+    .await
+    .unwrap();
+    let (stdout, stderr) = preview();
+    assert!(!stdout.contains("after the drop"), "{stdout}");
+    assert!(stderr.contains("stops where it changed shape"), "{stderr}");
+    assert_eq!(iceberg_ids(&s, "t").await, vec![1], "nothing committed");
+}

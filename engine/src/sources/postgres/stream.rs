@@ -419,6 +419,9 @@ struct Assembler {
     /// Planned columns of a routed table (by builder index) that its last
     /// Relation message lacked and the catalog no longer has: dropped.
     gone: HashMap<usize, Vec<String>>,
+    /// A preview reads the slot's backlog: a table that changed shape in
+    /// it is shown up to the change (a preview plans nothing again).
+    peeking: bool,
     /// Each snapshotted table's progress as of the rows built so far.
     snapshot_progress: Vec<(Vec<String>, urutau_planner::progress::SnapshotProgress)>,
     /// The progress moved since the last batch.
@@ -474,6 +477,7 @@ impl Assembler {
             shapes: HashMap::new(),
             types: HashMap::new(),
             gone: HashMap::new(),
+            peeking: false,
             snapshot_progress: Vec::new(),
             snapshot_moved: false,
         })
@@ -552,6 +556,7 @@ impl Assembler {
 
     fn relation(&mut self, rel: Relation) -> Result<(), SourceError> {
         let binding = match self.routed(&rel) {
+            Some(i) if self.peeking && self.shapes.get(&i).is_some_and(|s| s.is_empty()) => None,
             Some(i) => {
                 let sent = rel
                     .columns
@@ -574,8 +579,19 @@ impl Assembler {
                         })
                     })
                     .collect::<Result<Vec<_>, SourceError>>()?;
-                self.follow_shape(i, sent)?;
-                Some(bind(&rel, i, &self.builders[i].cfg))
+                match self.follow_shape(i, sent) {
+                    Err(e) if self.peeking && e.schema_change.is_some() => {
+                        tracing::warn!(table = %self.builders[i].cfg.pg, "the preview of this table stops where it changed shape ({}): a run plans it again there", e.message);
+                        // Marks the table as stopped: no later change of
+                        // it is shown.
+                        self.shapes.insert(i, Vec::new());
+                        None
+                    }
+                    result => {
+                        result?;
+                        Some(bind(&rel, i, &self.builders[i].cfg))
+                    }
+                }
             }
             None => None,
         };

@@ -212,6 +212,7 @@ async fn peek_backlog(
         })?;
         let exhausted = (rows.len() as i64) < ask;
         let mut a = Assembler::new(cfg, cfg.tables.clone(), start)?;
+        a.peeking = true;
         let mut counted = vec![0u64; a.builders.len()];
         for r in &rows {
             let data: Vec<u8> = r.get("data");
