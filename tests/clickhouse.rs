@@ -590,7 +590,9 @@ CREATE TABLE ch.kinds AS SELECT * FROM src.kinds;
 }
 
 /// An existing table that does not match the route is an error naming the
-/// columns; nothing is written or altered.
+/// columns under `schema_changes = 'fail'`; under the default (`evolve`) a
+/// difference ClickHouse cannot apply (the type of a sorting key column) is
+/// refused before any ALTER. Either way nothing is written or altered.
 #[tokio::test]
 async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
     let python = common::harness_python();
@@ -603,35 +605,43 @@ async fn an_existing_table_that_does_not_match_is_an_error_naming_columns() {
     let data = dir.path().join("changes.jsonl");
     let (lines, _) = workload(3, 50, 20);
     write_lines(&data, &lines);
-    let p = pipeline(
-        dir.path(),
-        &data,
-        &ch,
-        "urutau_t_mm",
-        "write_mode = 'upsert'",
-        150,
-    );
-    let out = urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("urutau_t_mm.items exists and does not match"),
-        "{err}"
-    );
-    assert!(
-        err.contains("column `id` is Int32, the route needs Int64"),
-        "{err}"
-    );
-    assert!(
-        err.contains("column `amount` (Nullable(Decimal(12, 2))) is missing"),
-        "{err}"
-    );
-    assert!(
-        !err.contains("ch-test-secret"),
-        "the password never appears: {err}"
-    );
-    assert_eq!(
-        count(&ch.rows("SELECT count() AS n FROM urutau_t_mm.items").await),
-        0
-    );
+    let columns = "SELECT name FROM system.columns WHERE database = 'urutau_t_mm' AND table = 'items' ORDER BY position";
+    let before = ch.rows(columns).await;
+    for (options, expected) in [
+        (
+            "write_mode = 'upsert', schema_changes = 'fail'",
+            vec![
+                "column `id` is Int32, the route needs Int64",
+                "column `amount` (Nullable(Decimal(12, 2))) is missing",
+            ],
+        ),
+        (
+            "write_mode = 'upsert'",
+            vec![
+                "key column `id` is Int32 in the table and the route writes Int64: ClickHouse cannot change the type of a sorting key column",
+            ],
+        ),
+    ] {
+        let p = pipeline(dir.path(), &data, &ch, "urutau_t_mm", options, 150);
+        let out = urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+        assert_eq!(out.status.code(), Some(1), "{options}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("urutau_t_mm.items exists and does not match"),
+            "{options}: {err}"
+        );
+        for part in expected {
+            assert!(err.contains(part), "{options}: {err}");
+        }
+        assert!(
+            !err.contains("ch-test-secret"),
+            "the password never appears: {err}"
+        );
+        assert_eq!(
+            count(&ch.rows("SELECT count() AS n FROM urutau_t_mm.items").await),
+            0,
+            "{options}"
+        );
+        assert_eq!(ch.rows(columns).await, before, "{options}: no ALTER ran");
+    }
 }
