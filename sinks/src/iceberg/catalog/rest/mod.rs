@@ -62,7 +62,7 @@ pub struct RestConfig {
 impl std::fmt::Debug for RestConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RestConfig")
-            .field("uri", &self.uri)
+            .field("uri", &shown(&self.uri))
             .field("warehouse", &self.warehouse)
             .finish_non_exhaustive()
     }
@@ -120,8 +120,21 @@ pub struct RestCatalogConn {
 impl std::fmt::Debug for RestCatalogConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RestCatalogConn")
-            .field("uri", &self.base)
+            .field("uri", &shown(&self.base))
             .finish()
+    }
+}
+
+/// `uri` with the password of its user info (`https://user:pw@host`)
+/// hidden, for logs and errors.
+fn shown(uri: &str) -> String {
+    match reqwest::Url::parse(uri) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(_) => uri.to_string(),
+        Err(_) => "(not a URL)".to_string(),
     }
 }
 
@@ -184,10 +197,10 @@ impl RestCatalogConn {
         }
         let server: ConfigResponse = response.json().await.map_err(http_error(doing))?;
         let props = config::catalog_props(&server, &config.client_props());
-        tracing::debug!(uri = %base, config = %config::describe(&props), "the REST catalog's config");
+        tracing::debug!(uri = %shown(&base), config = %config::describe(&props), "the REST catalog's config");
         let base = match props.get("uri") {
             Some(uri) if uri.trim_end_matches('/') != base => {
-                tracing::info!(from = %base, to = %uri, "the REST catalog's config moves it to another uri");
+                tracing::info!(from = %shown(&base), to = %shown(uri), "the REST catalog's config moves it to another uri");
                 uri.trim_end_matches('/').to_string()
             }
             _ => base,
@@ -210,10 +223,16 @@ impl RestCatalogConn {
             Some(p) => format!("{}/v1/{}", self.base, p.trim_matches('/')),
             None => format!("{}/v1", self.base),
         };
+        let shown_root = || shown(&root);
         let mut url = reqwest::Url::parse(&root)
-            .map_err(|e| SinkError::Io(format!("the REST catalog's uri {root}: {e}")))?;
+            .map_err(|e| SinkError::Io(format!("the REST catalog's uri: {e}")))?;
         url.path_segments_mut()
-            .map_err(|_| SinkError::Io(format!("the REST catalog's uri {root} has no path")))?
+            .map_err(|_| {
+                SinkError::Io(format!(
+                    "the REST catalog's uri {} has no path",
+                    shown_root()
+                ))
+            })?
             .extend(segments);
         Ok(url)
     }
@@ -478,6 +497,17 @@ mod tests {
             auth: Auth::default(),
             durable_dirs: durable::DurableDirs::default(),
         }
+    }
+
+    #[test]
+    fn a_uri_password_is_never_shown() {
+        let shown = format!(
+            "{:?} {}",
+            conn("https://admin:hunter22@catalog.example/api", None),
+            super::shown("https://admin:hunter22@catalog.example/api")
+        );
+        assert!(!shown.contains("hunter22"), "{shown}");
+        assert!(shown.contains("admin:***@catalog.example"), "{shown}");
     }
 
     #[test]
