@@ -234,7 +234,7 @@ fn validate_rejects_with_location_and_rule() {
         d,
         "orphans.sql",
         &format!(
-            "{SOURCE}CREATE SINK lake INTO iceberg WITH (catalog = 'rest', uri = 'http://127.0.0.1:1', warehouse = 'w', namespace = 'b',\n  maintenance_enabled = true, maintenance_orphan_cleanup_older_than = '72h');\nCREATE TABLE lake.o AS SELECT id FROM events.orders;\n"
+            "{SOURCE}CREATE SINK lake INTO iceberg WITH (catalog = 'rest', uri = 'http://127.0.0.1:1', warehouse = 's3://w/', namespace = 'b',\n  maintenance_enabled = true, maintenance_orphan_cleanup_older_than = '72h');\nCREATE TABLE lake.o AS SELECT id FROM events.orders;\n"
         ),
     );
     check_invalid(&f, "3:13", &["orphan cleanup needs a local warehouse"]);

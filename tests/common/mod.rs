@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod iceberg_rest;
 pub mod pg_cdc;
 pub mod proxy;
 pub mod small_disk;

@@ -3,7 +3,8 @@
 //! target, resume from the table itself.
 //!
 //! Catalogs: the SQL catalog on SQLite with a local warehouse (the embedded
-//! default) or on Postgres; the REST catalog with S3 storage.
+//! default) or on Postgres; the REST catalog, whose tables are on S3 or on
+//! the local file system (each table's storage follows its location).
 
 mod catalog;
 pub mod commit;
@@ -297,9 +298,15 @@ impl SinkProvider for IcebergSinkProvider {
                         "maintenance_orphan_cleanup_older_than is under 1h: a file another writer has written but not yet committed can be removed as an orphan; keep it this short only when this pipeline is the table's one writer"
                     );
                 }
-                if m.orphans.is_some() && get("catalog").as_deref() == Some("rest") {
+                // (A REST warehouse may also be a name: its tables' locations
+                // tell, and cleanup skips a table that is not local.)
+                if m.orphans.is_some()
+                    && get("catalog").as_deref() == Some("rest")
+                    && get("warehouse")
+                        .is_some_and(|w| w.contains("://") && !w.starts_with("file:"))
+                {
                     return Err(SinkError::Unavailable(
-                        "table maintenance: orphan cleanup needs a local warehouse (the SQL catalog) in this build; remove the maintenance_orphan_cleanup_* settings"
+                        "table maintenance: orphan cleanup needs a local warehouse in this build; remove the maintenance_orphan_cleanup_* settings"
                             .to_string(),
                     ));
                 }

@@ -3,6 +3,7 @@
 
 mod rest;
 mod sql;
+mod storage;
 
 use iceberg::spec::TableMetadataBuildResult;
 use iceberg::table::Table;
@@ -53,7 +54,8 @@ impl Conn {
 
     /// Commits `result` (built on `table`) if `table` is still current.
     /// `added` are the data and delete files the commit adds (a local
-    /// warehouse makes their directory entries durable before the swap).
+    /// warehouse, of either catalog, makes their directory entries durable
+    /// before the swap).
     pub async fn commit(
         &self,
         table: &Table,
@@ -62,7 +64,7 @@ impl Conn {
     ) -> Outcome {
         match self {
             Conn::Sql(c) => c.commit(table, result, added).await,
-            Conn::Rest(c) => c.commit(table, result).await,
+            Conn::Rest(c) => c.commit(table, result, added).await,
         }
     }
 }
