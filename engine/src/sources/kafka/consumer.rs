@@ -35,6 +35,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// While connecting, how often the client's errors are looked at (a
 /// refusal ends the wait).
 const CONNECT_SLICE: Duration = Duration::from_millis(500);
+/// ... and for how long its events are served each time.
+const CONNECT_EVENTS: Duration = Duration::from_millis(100);
 /// How long one poll waits for a message.
 const POLL: Duration = Duration::from_millis(100);
 /// Transient client errors are logged at most this often.
@@ -202,12 +204,7 @@ impl Consuming {
         loop {
             let slice = CONNECT_SLICE.min(deadline.saturating_duration_since(Instant::now()));
             let result = self.consumer.fetch_metadata(topic, slice);
-            // Up to a bounded number of queued events (errors, logs).
-            for _ in 0..64 {
-                if self.consumer.poll(Duration::ZERO).is_none() {
-                    break;
-                }
-            }
+            self.serve_events(CONNECT_EVENTS);
             if let Some(refused) = self.consumer.context().refused() {
                 return Err(refused);
             }
@@ -229,6 +226,22 @@ impl Consuming {
                     ));
                 }
             }
+        }
+    }
+
+    /// Hands the client's queued events (errors, log lines) to its
+    /// context for `window`, or until a refusal is seen. A poll that
+    /// serves a log line returns nothing when its timeout is zero, so the
+    /// queue is served for a while rather than until the first empty poll.
+    fn serve_events(&self, window: Duration) {
+        let end = Instant::now() + window;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.consumer.context().refused().is_some() {
+                return;
+            }
+            // Nothing is assigned: no message can come.
+            let _ = self.consumer.poll(left);
         }
     }
 
