@@ -581,17 +581,37 @@ CREATE TABLE out.t AS SELECT * FROM k.t;
 /// here), stopped when dropped.
 struct SchemaRegistry {
     url: String,
+    /// With [`SchemaRegistry::start_tls`]: the same registry over HTTPS.
+    https_url: Option<String>,
     dir: PathBuf,
 }
 
 impl SchemaRegistry {
     fn start(dir: &Path) -> SchemaRegistry {
+        Self::start_with(dir, &[])
+    }
+
+    /// Also answering HTTPS with the certificate `cert` and its `key`.
+    fn start_tls(dir: &Path, cert: &Path, key: &Path) -> SchemaRegistry {
+        Self::start_with(
+            dir,
+            &[
+                "--tls-cert",
+                cert.to_str().unwrap(),
+                "--tls-key",
+                key.to_str().unwrap(),
+            ],
+        )
+    }
+
+    fn start_with(dir: &Path, extra: &[&str]) -> SchemaRegistry {
         let dir = dir.join("registry");
         std::fs::create_dir_all(&dir).unwrap();
         let out = std::process::Command::new("python3")
             .arg(common::harness_script("schema_registry.py"))
             .args(["start", "--dir"])
             .arg(&dir)
+            .args(extra)
             .output()
             .unwrap();
         assert!(
@@ -602,6 +622,7 @@ impl SchemaRegistry {
         let info: Value = serde_json::from_slice(&out.stdout).unwrap();
         SchemaRegistry {
             url: info["url"].as_str().unwrap().to_string(),
+            https_url: info["https_url"].as_str().map(str::to_string),
             dir,
         }
     }
@@ -642,6 +663,24 @@ fn days_text(days: i64) -> String {
 /// Avro in Confluent's wire format through the registry: plain records and
 /// Debezium envelopes (Connect's logical types: Decimal, ZonedTimestamp,
 /// MicroTimestamp, Date, Uuid), each schema fetched once.
+/// 60 rows of `plain.avsc` for produce-avro, and DuckDB's read of them.
+fn plain_avro_rows() -> (Vec<Value>, Vec<Value>) {
+    let mut plain = Vec::new();
+    let mut expected_plain = Vec::new();
+    for i in 0..60i64 {
+        let ts = 1_700_000_000_000_000 + i * 1_234_567;
+        let v = json!({"id": i, "name": format!("n{i}"), "amount": format!("{}.{:02}", i * 7 - 100, i % 100),
+            "ts": ts, "d": 19_000 + i, "u": format!("00000000-0000-4000-8000-{:012}", i),
+            "opt": if i % 3 == 0 { Value::Null } else { json!(format!("o{i}")) }});
+        expected_plain.push(json!({"id": i, "name": format!("n{i}"),
+            "amount": format!("{}.{:02}", i * 7 - 100, i % 100), "ts": micros_text(ts, "+00:00"),
+            "d": days_text(19_000 + i), "u": format!("00000000-0000-4000-8000-{:012}", i),
+            "opt": v["opt"].clone()}));
+        plain.push(json!({"key": i.to_string(), "value": v}));
+    }
+    (plain, expected_plain)
+}
+
 #[tokio::test]
 async fn avro_through_the_schema_registry_lands_correctly() {
     let python = common::harness_python();
@@ -668,19 +707,7 @@ async fn avro_through_the_schema_registry_lands_correctly() {
             Some(&text),
         )
     };
-    let mut plain = Vec::new();
-    let mut expected_plain = Vec::new();
-    for i in 0..60i64 {
-        let ts = 1_700_000_000_000_000 + i * 1_234_567;
-        let v = json!({"id": i, "name": format!("n{i}"), "amount": format!("{}.{:02}", i * 7 - 100, i % 100),
-            "ts": ts, "d": 19_000 + i, "u": format!("00000000-0000-4000-8000-{:012}", i),
-            "opt": if i % 3 == 0 { Value::Null } else { json!(format!("o{i}")) }});
-        expected_plain.push(json!({"id": i, "name": format!("n{i}"),
-            "amount": format!("{}.{:02}", i * 7 - 100, i % 100), "ts": micros_text(ts, "+00:00"),
-            "d": days_text(19_000 + i), "u": format!("00000000-0000-4000-8000-{:012}", i),
-            "opt": v["opt"].clone()}));
-        plain.push(json!({"key": i.to_string(), "value": v}));
-    }
+    let (plain, expected_plain) = plain_avro_rows();
     avro("plain", "plain.avsc", &plain);
 
     // Debezium envelopes: a snapshot, creates, updates, deletes + tombstones.
@@ -1322,4 +1349,70 @@ CREATE TABLE out.t AS SELECT * FROM k.t;
         );
         assert!(!out.contains(password), "the password in an error: {out}");
     }
+}
+
+/// Avro through SASL_SSL with the schema registry over HTTPS: the
+/// registry's certificate is the harness CA's, which the source trusts
+/// through `tls_ca` (the built-in roots do not hold it). The rows land as
+/// produced, each schema fetched once.
+#[tokio::test]
+async fn avro_over_sasl_ssl_reads_an_https_registry_trusting_tls_ca() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start_secure(&python, dir.path());
+    let s = kafka.secure.clone().unwrap();
+    let text = |k: &str| s[k].as_str().unwrap().to_string();
+    let certs = Path::new(s["ca"].as_str().unwrap()).parent().unwrap();
+    let registry = SchemaRegistry::start_tls(
+        dir.path(),
+        &certs.join("server.crt"),
+        &certs.join("server.key"),
+    );
+    let https = registry.https_url.clone().unwrap();
+    kafka.create_topic("plain", 2);
+    let (plain, expected) = plain_avro_rows();
+    let lines: String = plain.iter().map(|l| format!("{l}\n")).collect();
+    let schema = common::harness_script("avro").join("plain.avsc");
+    kafka.command(
+        &[
+            "produce-avro",
+            "--brokers",
+            &kafka.brokers,
+            "--topic",
+            "plain",
+            "--registry",
+            &registry.url,
+            "--schema-file",
+            schema.to_str().unwrap(),
+        ],
+        Some(&lines),
+    );
+    let lake_dir = dir.path().join("lake");
+    std::fs::create_dir_all(&lake_dir).unwrap();
+    let p = lake_dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE av WITH (max_batch_rows = 25);
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'avro', schema_registry = '{https}',
+  sasl_mechanism = 'SCRAM-SHA-512', sasl_username = '{user}', sasl_password = '{password}', tls_ca = '{ca}');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.plain (id INT NOT NULL, name VARCHAR, amount DECIMAL(10,2), ts TIMESTAMPTZ, d DATE, u UUID, opt VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.plain AS SELECT * FROM k.plain;
+",
+            brokers = text("sasl_ssl"),
+            user = text("scram_user"),
+            password = text("scram_password"),
+            ca = text("ca"),
+            lake = lake(&lake_dir)
+        ),
+    )
+    .unwrap();
+    run_to_end(&p);
+    assert_eq!(lake_rows(&python, &lake_dir, "plain", "id").await, expected);
+    assert_eq!(
+        registry.fetches(),
+        json!({"1": 1}),
+        "fetched over https, once"
+    );
 }
