@@ -1307,6 +1307,34 @@ CREATE TABLE out.t AS SELECT * FROM k.t;
     let (_, out) = plan(&format!("tls_ca = '{ca}'"), &["--explain"]);
     assert!(out.contains("format=raw, security=ssl"), "{out}");
 
+    // The YAML front end's camelCase keys are the same options.
+    let y = dir.path().join("p.yaml");
+    std::fs::write(
+        &y,
+        format!(
+            "pipeline: p
+source: {{name: k, kind: kafka, brokers: 'b:9093', format: raw, saslMechanism: PLAIN,
+  saslUsername: alice, saslPassword: {password}, tlsCa: '{ca}'}}
+sink: {{name: out, type: debug}}
+tables:
+  - source: t
+    target: t
+    primaryKey: [id]
+    columns: {{id: int}}
+"
+        ),
+    )
+    .unwrap();
+    let out = common::urutau(&["plan", "--explain", y.to_str().unwrap()]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("security=sasl_ssl, sasl_mechanism=PLAIN"),
+        "{text}"
+    );
+    assert!(!text.contains(password), "the password in plan: {text}");
+
     // Bad combinations and missing files: exit 2, pointing at the option.
     let cases = [
         (

@@ -178,7 +178,7 @@ impl Refusals {
     fn note(&self, error: SourceError) {
         let mut first = self.first.lock().unwrap_or_else(|e| e.into_inner());
         if first.is_none() {
-            tracing::error!("{}", error.message);
+            tracing::debug!("{}", error.message);
             *first = Some(error);
         }
     }
