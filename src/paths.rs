@@ -20,7 +20,12 @@ enum Form {
 }
 
 /// The options that name local files, by source or sink kind.
-const SOURCE_PATHS: &[(&str, &str, Form)] = &[("file", "path", Form::Path)];
+const SOURCE_PATHS: &[(&str, &str, Form)] = &[
+    ("file", "path", Form::Path),
+    ("kafka", "tls_ca", Form::Path),
+    ("kafka", "tls_cert", Form::Path),
+    ("kafka", "tls_key", Form::Path),
+];
 const SINK_PATHS: &[(&str, &str, Form)] = &[
     ("iceberg", "uri", Form::SqliteUri),
     ("iceberg", "warehouse", Form::Path),

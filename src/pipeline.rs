@@ -125,9 +125,9 @@ impl Pipeline {
     }
 
     /// A pipeline from text; with `base_dir`, its relative local paths (a
-    /// file source's `path`, an Iceberg sink's SQLite `uri` and
-    /// `warehouse`) are taken relative to that directory instead of the
-    /// working directory.
+    /// file source's `path`, a Kafka source's `tls_*` files, an Iceberg
+    /// sink's SQLite `uri` and `warehouse`) are taken relative to that
+    /// directory instead of the working directory.
     pub async fn from_text(
         text: &str,
         name: &str,

@@ -581,17 +581,37 @@ CREATE TABLE out.t AS SELECT * FROM k.t;
 /// here), stopped when dropped.
 struct SchemaRegistry {
     url: String,
+    /// With [`SchemaRegistry::start_tls`]: the same registry over HTTPS.
+    https_url: Option<String>,
     dir: PathBuf,
 }
 
 impl SchemaRegistry {
     fn start(dir: &Path) -> SchemaRegistry {
+        Self::start_with(dir, &[])
+    }
+
+    /// Also answering HTTPS with the certificate `cert` and its `key`.
+    fn start_tls(dir: &Path, cert: &Path, key: &Path) -> SchemaRegistry {
+        Self::start_with(
+            dir,
+            &[
+                "--tls-cert",
+                cert.to_str().unwrap(),
+                "--tls-key",
+                key.to_str().unwrap(),
+            ],
+        )
+    }
+
+    fn start_with(dir: &Path, extra: &[&str]) -> SchemaRegistry {
         let dir = dir.join("registry");
         std::fs::create_dir_all(&dir).unwrap();
         let out = std::process::Command::new("python3")
             .arg(common::harness_script("schema_registry.py"))
             .args(["start", "--dir"])
             .arg(&dir)
+            .args(extra)
             .output()
             .unwrap();
         assert!(
@@ -602,6 +622,7 @@ impl SchemaRegistry {
         let info: Value = serde_json::from_slice(&out.stdout).unwrap();
         SchemaRegistry {
             url: info["url"].as_str().unwrap().to_string(),
+            https_url: info["https_url"].as_str().map(str::to_string),
             dir,
         }
     }
@@ -642,6 +663,24 @@ fn days_text(days: i64) -> String {
 /// Avro in Confluent's wire format through the registry: plain records and
 /// Debezium envelopes (Connect's logical types: Decimal, ZonedTimestamp,
 /// MicroTimestamp, Date, Uuid), each schema fetched once.
+/// 60 rows of `plain.avsc` for produce-avro, and DuckDB's read of them.
+fn plain_avro_rows() -> (Vec<Value>, Vec<Value>) {
+    let mut plain = Vec::new();
+    let mut expected_plain = Vec::new();
+    for i in 0..60i64 {
+        let ts = 1_700_000_000_000_000 + i * 1_234_567;
+        let v = json!({"id": i, "name": format!("n{i}"), "amount": format!("{}.{:02}", i * 7 - 100, i % 100),
+            "ts": ts, "d": 19_000 + i, "u": format!("00000000-0000-4000-8000-{:012}", i),
+            "opt": if i % 3 == 0 { Value::Null } else { json!(format!("o{i}")) }});
+        expected_plain.push(json!({"id": i, "name": format!("n{i}"),
+            "amount": format!("{}.{:02}", i * 7 - 100, i % 100), "ts": micros_text(ts, "+00:00"),
+            "d": days_text(19_000 + i), "u": format!("00000000-0000-4000-8000-{:012}", i),
+            "opt": v["opt"].clone()}));
+        plain.push(json!({"key": i.to_string(), "value": v}));
+    }
+    (plain, expected_plain)
+}
+
 #[tokio::test]
 async fn avro_through_the_schema_registry_lands_correctly() {
     let python = common::harness_python();
@@ -668,19 +707,7 @@ async fn avro_through_the_schema_registry_lands_correctly() {
             Some(&text),
         )
     };
-    let mut plain = Vec::new();
-    let mut expected_plain = Vec::new();
-    for i in 0..60i64 {
-        let ts = 1_700_000_000_000_000 + i * 1_234_567;
-        let v = json!({"id": i, "name": format!("n{i}"), "amount": format!("{}.{:02}", i * 7 - 100, i % 100),
-            "ts": ts, "d": 19_000 + i, "u": format!("00000000-0000-4000-8000-{:012}", i),
-            "opt": if i % 3 == 0 { Value::Null } else { json!(format!("o{i}")) }});
-        expected_plain.push(json!({"id": i, "name": format!("n{i}"),
-            "amount": format!("{}.{:02}", i * 7 - 100, i % 100), "ts": micros_text(ts, "+00:00"),
-            "d": days_text(19_000 + i), "u": format!("00000000-0000-4000-8000-{:012}", i),
-            "opt": v["opt"].clone()}));
-        plain.push(json!({"key": i.to_string(), "value": v}));
-    }
+    let (plain, expected_plain) = plain_avro_rows();
     avro("plain", "plain.avsc", &plain);
 
     // Debezium envelopes: a snapshot, creates, updates, deletes + tombstones.
@@ -1059,5 +1086,422 @@ CREATE TABLE lake.t AS SELECT * FROM k.t;
             json!({"id": 2, "v": "b", "qty": null}),
             json!({"id": 3, "v": "c", "qty": 30}),
         ]
+    );
+}
+
+/// `CREATE SOURCE` options reaching the secure listeners of
+/// [`Kafka::start_secure`] at `listener` (`sasl_ssl` or `ssl`), then `extra`.
+fn secure_source(kafka: &Kafka, listener: &str, extra: &str) -> String {
+    let s = kafka.secure.as_ref().expect("a broker with TLS listeners");
+    format!(
+        "brokers = '{}', format = 'raw'{extra}",
+        s[listener].as_str().unwrap()
+    )
+}
+
+/// A pipeline reading raw rows of `items` from the source options given
+/// into Iceberg under `dir`.
+fn items_pipeline(dir: &Path, source: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let p = dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE kt WITH (max_batch_rows = 50, max_batch_interval = '200ms');
+CREATE SOURCE k FROM kafka WITH ({source});
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.items (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.items WITH (primary_key = 'id') AS
+  SELECT id, v, _shard AS part, _sequence AS off FROM k.items;
+",
+            lake = lake(dir)
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Authenticated and encrypted brokers (issues 14 and 20), against a real
+/// broker whose TLS listeners carry a certificate of the harness's test
+/// CA: SCRAM-SHA-256 and PLAIN over SASL_SSL, and mutual TLS (a client
+/// certificate) over an SSL listener that requires one. Each run reads
+/// every message, and DuckDB's read of the Iceberg table equals what was
+/// produced, message by message (partition and offset included).
+#[tokio::test]
+async fn sasl_scram_plain_and_mutual_tls_read_every_message() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start_secure(&python, dir.path());
+    let s = kafka.secure.clone().unwrap();
+    let text = |k: &str| s[k].as_str().unwrap().to_string();
+    kafka.create_topic("items", 2);
+    let offsets = kafka.produce("items", &raw_items(0..300, None));
+    let expected: Vec<Value> = offsets
+        .iter()
+        .zip(0i64..)
+        .map(|((p, o), i)| json!({"id": i, "v": format!("v{i}"), "part": p, "off": o}))
+        .collect();
+    let cases = [
+        (
+            "scram",
+            secure_source(
+                &kafka,
+                "sasl_ssl",
+                &format!(
+                    ", sasl_mechanism = 'SCRAM-SHA-256', sasl_username = '{}', sasl_password = '{}', tls_ca = '{}'",
+                    text("scram_user"),
+                    text("scram_password"),
+                    text("ca")
+                ),
+            ),
+        ),
+        (
+            "plain",
+            secure_source(
+                &kafka,
+                "sasl_ssl",
+                &format!(
+                    ", sasl_mechanism = 'PLAIN', sasl_username = '{}', sasl_password = '{}', tls_ca = '{}'",
+                    text("plain_user"),
+                    text("plain_password"),
+                    text("ca")
+                ),
+            ),
+        ),
+        (
+            "mtls",
+            secure_source(
+                &kafka,
+                "ssl",
+                &format!(
+                    ", tls_ca = '{}', tls_cert = '{}', tls_key = '{}'",
+                    text("ca"),
+                    text("client_cert"),
+                    text("client_key")
+                ),
+            ),
+        ),
+    ];
+    for (name, source) in &cases {
+        let lake_dir = dir.path().join(name);
+        let p = items_pipeline(&lake_dir, source);
+        let out = run_to_end(&p);
+        let log = String::from_utf8_lossy(&out.stderr);
+        for secret in [text("scram_password"), text("plain_password")] {
+            assert!(
+                !log.contains(&secret),
+                "{name}: a password in the log: {log}"
+            );
+        }
+        let got = lake_rows(&python, &lake_dir, "items", "id").await;
+        assert_eq!(got.len(), expected.len(), "{name}");
+        assert!(
+            got == expected,
+            "{name}: the lake differs from what was produced"
+        );
+    }
+}
+
+/// Runs `p` to its end or for at most `limit`: its exit code, its output
+/// and log, and how long it ran (a run still going at `limit` fails the
+/// test).
+fn run_bounded(p: &Path, limit: std::time::Duration) -> (Option<i32>, String, std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    let dir = p.parent().unwrap();
+    let (out, err) = (dir.join("run.out"), dir.join("run.err"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", p.to_str().unwrap(), "--exit-when-caught-up"])
+        .args(["--log-level", "debug"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if t0.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!(
+                "the run did not end within {limit:?}: {}",
+                std::fs::read_to_string(&err).unwrap()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&out).unwrap() + &std::fs::read_to_string(&err).unwrap();
+    (status.code(), text, t0.elapsed())
+}
+
+/// A broker refusing the client ends the run at once (exit 1, not retried
+/// as an outage) with the broker, the problem and the option to set: a
+/// wrong password, a CA that did not sign the broker's certificate, no
+/// client certificate where the broker requires one. No password appears
+/// in the output or the log (at debug level), and nothing lands.
+#[tokio::test]
+async fn refused_credentials_and_certificates_stop_the_run_naming_the_cause() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start_secure(&python, dir.path());
+    let s = kafka.secure.clone().unwrap();
+    let text = |k: &str| s[k].as_str().unwrap().to_string();
+    kafka.create_topic("items", 1);
+    kafka.produce("items", &raw_items(0..10, None));
+    let broker = text("sasl_ssl");
+    let wrong = format!("wrong{}", uuid::Uuid::new_v4().simple());
+    let scram = |password: &str, ca: &str| {
+        format!(
+            ", sasl_mechanism = 'SCRAM-SHA-256', sasl_username = '{}', sasl_password = '{password}', tls_ca = '{}'",
+            text("scram_user"),
+            text(ca)
+        )
+    };
+    let cases = [
+        (
+            "password",
+            secure_source(&kafka, "sasl_ssl", &scram(&wrong, "ca")),
+            format!(
+                "Kafka broker {broker} refused the SASL authentication of user `urutau_scram` with SCRAM-SHA-256: check sasl_username and sasl_password"
+            ),
+        ),
+        (
+            "ca",
+            secure_source(
+                &kafka,
+                "sasl_ssl",
+                &scram(&text("scram_password"), "other_ca"),
+            ),
+            format!(
+                "the TLS certificate of Kafka broker {broker} was refused: it is not signed by the CA in tls_ca `{}`",
+                text("other_ca")
+            ),
+        ),
+        (
+            "client-cert",
+            secure_source(&kafka, "ssl", &format!(", tls_ca = '{}'", text("ca"))),
+            format!(
+                "Kafka broker {} requires a client certificate (mutual TLS): set tls_cert and tls_key",
+                text("ssl")
+            ),
+        ),
+    ];
+    for (name, source, expected) in &cases {
+        let lake_dir = dir.path().join(name);
+        let p = items_pipeline(&lake_dir, source);
+        let (code, output, took) = run_bounded(&p, std::time::Duration::from_secs(90));
+        assert_eq!(code, Some(1), "{name}: {output}");
+        assert!(output.contains(expected.as_str()), "{name}: {output}");
+        assert!(
+            took < std::time::Duration::from_secs(20),
+            "{name}: the refusal took {took:?} to end the run"
+        );
+        for secret in [&wrong, &text("scram_password")] {
+            assert!(
+                !output.contains(secret.as_str()),
+                "{name}: a password in the output: {output}"
+            );
+        }
+        // The table may have been made before the source connected.
+        if let Some(loc) =
+            common::catalog_metadata_location(&lake_dir.join("catalog.db"), "bronze", "items").await
+        {
+            assert_eq!(
+                common::duckdb_rows(&python, &loc, "id"),
+                Vec::<Value>::new(),
+                "{name}"
+            );
+        }
+    }
+}
+
+/// Security options are checked before anything runs (exit 2, at the
+/// option, in the file), and `plan` shows the protocol and the mechanism
+/// but never the password.
+#[test]
+fn kafka_security_options_are_validated_and_plan_hides_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = common::certs(&dir.path().join("certs"));
+    let ca = certs["ca"].as_str().unwrap();
+    let p: PathBuf = dir.path().join("p.sql");
+    let plan = |options: &str, args: &[&str]| -> (Option<i32>, String) {
+        std::fs::write(
+            &p,
+            format!(
+                "CREATE PIPELINE p;
+CREATE SOURCE k FROM kafka WITH (brokers = 'b:9093', format = 'raw', {options});
+CREATE SINK out INTO debug;
+CREATE TABLE k.t (id INT NOT NULL, PRIMARY KEY (id));
+CREATE TABLE out.t AS SELECT * FROM k.t;
+"
+            ),
+        )
+        .unwrap();
+        let out = common::urutau(&[&["plan", p.to_str().unwrap()], args].concat());
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let password = "Sup3r-secret-pw";
+    let good = format!(
+        "sasl_mechanism = 'SCRAM-SHA-256', sasl_username = 'alice', sasl_password = '{password}', tls_ca = '{ca}'"
+    );
+    let (code, out) = plan(&good, &["--explain"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("brokers=b:9093, format=raw, security=sasl_ssl, sasl_mechanism=SCRAM-SHA-256"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(password),
+        "the password in plan --explain: {out}"
+    );
+    let (code, out) = plan(&good, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("sasl_mechanism=SCRAM-SHA-256") && out.contains("sasl_password=***"),
+        "{out}"
+    );
+    assert!(!out.contains(password), "the password in plan: {out}");
+    let (_, out) = plan(&format!("tls_ca = '{ca}'"), &["--explain"]);
+    assert!(out.contains("format=raw, security=ssl"), "{out}");
+
+    // The YAML front end's camelCase keys are the same options.
+    let y = dir.path().join("p.yaml");
+    std::fs::write(
+        &y,
+        format!(
+            "pipeline: p
+source: {{name: k, kind: kafka, brokers: 'b:9093', format: raw, saslMechanism: PLAIN,
+  saslUsername: alice, saslPassword: {password}, tlsCa: '{ca}'}}
+sink: {{name: out, type: debug}}
+tables:
+  - source: t
+    target: t
+    primaryKey: [id]
+    columns: {{id: int}}
+"
+        ),
+    )
+    .unwrap();
+    let out = common::urutau(&["plan", "--explain", y.to_str().unwrap()]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("security=sasl_ssl, sasl_mechanism=PLAIN"),
+        "{text}"
+    );
+    assert!(!text.contains(password), "the password in plan: {text}");
+
+    // Bad combinations and missing files: exit 2, pointing at the option.
+    let cases = [
+        (
+            "sasl_mechanism = 'PLAIN', sasl_username = 'alice'".to_string(),
+            "p.sql:2:70",
+            "sasl_mechanism = 'PLAIN' needs sasl_password",
+        ),
+        (
+            format!("sasl_password = '{password}'"),
+            "p.sql:2:70",
+            "sasl_password is for SASL authentication, and no sasl_mechanism is set",
+        ),
+        (
+            format!("tls_cert = '{}'", certs["client_cert"].as_str().unwrap()),
+            "p.sql:2:70",
+            "a client certificate needs both tls_cert and tls_key; tls_key is missing",
+        ),
+        (
+            "tls_ca = '/no/such/ca.pem'".to_string(),
+            "p.sql:2:79",
+            "tls_ca `/no/such/ca.pem` cannot be read",
+        ),
+        (
+            format!("tls = false, tls_ca = '{ca}'"),
+            "p.sql:2:70",
+            "tls = false, but tls_ca is set",
+        ),
+        (
+            "sasl_mechanism = 'GSSAPI'".to_string(),
+            "p.sql:2:",
+            "expected one of PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512",
+        ),
+    ];
+    for (options, at, message) in &cases {
+        let (code, out) = plan(options, &[]);
+        assert_eq!(code, Some(2), "{options}: {out}");
+        assert!(
+            out.contains(at) && out.contains(message),
+            "{options}: {out}"
+        );
+        assert!(!out.contains(password), "the password in an error: {out}");
+    }
+}
+
+/// Avro through SASL_SSL with the schema registry over HTTPS: the
+/// registry's certificate is the harness CA's, which the source trusts
+/// through `tls_ca` (the built-in roots do not hold it). The rows land as
+/// produced, each schema fetched once.
+#[tokio::test]
+async fn avro_over_sasl_ssl_reads_an_https_registry_trusting_tls_ca() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start_secure(&python, dir.path());
+    let s = kafka.secure.clone().unwrap();
+    let text = |k: &str| s[k].as_str().unwrap().to_string();
+    let certs = Path::new(s["ca"].as_str().unwrap()).parent().unwrap();
+    let registry = SchemaRegistry::start_tls(
+        dir.path(),
+        &certs.join("server.crt"),
+        &certs.join("server.key"),
+    );
+    let https = registry.https_url.clone().unwrap();
+    kafka.create_topic("plain", 2);
+    let (plain, expected) = plain_avro_rows();
+    let lines: String = plain.iter().map(|l| format!("{l}\n")).collect();
+    let schema = common::harness_script("avro").join("plain.avsc");
+    kafka.command(
+        &[
+            "produce-avro",
+            "--brokers",
+            &kafka.brokers,
+            "--topic",
+            "plain",
+            "--registry",
+            &registry.url,
+            "--schema-file",
+            schema.to_str().unwrap(),
+        ],
+        Some(&lines),
+    );
+    let lake_dir = dir.path().join("lake");
+    std::fs::create_dir_all(&lake_dir).unwrap();
+    let p = lake_dir.join("p.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE av WITH (max_batch_rows = 25);
+CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'avro', schema_registry = '{https}',
+  sasl_mechanism = 'SCRAM-SHA-512', sasl_username = '{user}', sasl_password = '{password}', tls_ca = '{ca}');
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE k.plain (id INT NOT NULL, name VARCHAR, amount DECIMAL(10,2), ts TIMESTAMPTZ, d DATE, u UUID, opt VARCHAR, PRIMARY KEY (id));
+CREATE TABLE lake.plain AS SELECT * FROM k.plain;
+",
+            brokers = text("sasl_ssl"),
+            user = text("scram_user"),
+            password = text("scram_password"),
+            ca = text("ca"),
+            lake = lake(&lake_dir)
+        ),
+    )
+    .unwrap();
+    run_to_end(&p);
+    assert_eq!(lake_rows(&python, &lake_dir, "plain", "id").await, expected);
+    assert_eq!(
+        registry.fetches(),
+        json!({"1": 1}),
+        "fetched over https, once"
     );
 }

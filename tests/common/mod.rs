@@ -957,6 +957,10 @@ impl Drop for Couchbase {
 /// and the jars `tests/harness/kafka-fetch` gets (URUTAU_TEST_KAFKA_HOME).
 pub struct Kafka {
     pub brokers: String,
+    /// With [`Kafka::start_secure`]: the TLS listeners and their users
+    /// (`sasl_ssl`, `ssl`, `scram_user`, `scram_password`, `plain_user`,
+    /// `plain_password`, `ca`, `client_cert`, `client_key`, `other_ca`).
+    pub secure: Option<serde_json::Value>,
     python: std::path::PathBuf,
     dir: std::path::PathBuf,
     connect: Option<std::path::PathBuf>,
@@ -964,12 +968,25 @@ pub struct Kafka {
 
 impl Kafka {
     pub fn start(python: &std::path::Path, dir: &std::path::Path) -> Kafka {
+        Self::start_with(python, dir, &[])
+    }
+
+    /// A broker with, besides its plaintext listener, a SASL_SSL listener
+    /// (SCRAM and PLAIN users) and an SSL listener requiring a client
+    /// certificate, both with a certificate of the harness's test CA
+    /// ([`Kafka::secure`]).
+    pub fn start_secure(python: &std::path::Path, dir: &std::path::Path) -> Kafka {
+        Self::start_with(python, dir, &["--secure"])
+    }
+
+    fn start_with(python: &std::path::Path, dir: &std::path::Path, extra: &[&str]) -> Kafka {
         let dir = dir.join("kafka");
         std::fs::create_dir_all(&dir).unwrap();
         let out = std::process::Command::new(python)
             .arg(harness_script("kafka.py"))
             .args(["start", "--dir"])
             .arg(&dir)
+            .args(extra)
             .output()
             .expect("python runs");
         assert!(
@@ -981,6 +998,7 @@ impl Kafka {
             serde_json::from_slice(&out.stdout).expect("the harness prints JSON");
         Kafka {
             brokers: info["brokers"].as_str().unwrap().to_string(),
+            secure: info.get("secure").cloned(),
             python: python.to_path_buf(),
             dir,
             connect: None,

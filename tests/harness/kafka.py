@@ -6,12 +6,20 @@ as the independent client. Every command prints JSON on stdout (consume: one
 JSON line per message), diagnostics on stderr, and exits nonzero with a
 message on failure.
 
-  kafka.py start --dir D [--home H] [--timeout S]
+  kafka.py start --dir D [--home H] [--timeout S] [--secure]
       -> a KRaft broker+controller on free 127.0.0.1 ports, detached (own
          process group), data and kafka.log in D; waits for a metadata round
          trip; prints {"brokers": "127.0.0.1:P", "pid", "dir", "log"}.
          A D that already holds a formatted broker is restarted with its data
-         and its ports.
+         and its ports (and its listeners: --secure is remembered).
+         --secure adds, beside the PLAINTEXT listener the harness's own
+         commands use, two TLS listeners whose certificate the harness's
+         test CA signed (certs.py, made in D/certs): SASL_SSL (SCRAM-SHA-256,
+         SCRAM-SHA-512 and PLAIN users with random passwords) and SSL that
+         requires a client certificate of that CA (mutual TLS); it prints
+         "secure": {"sasl_ssl": "127.0.0.1:P", "ssl": "127.0.0.1:P",
+         "scram_user", "scram_password", "plain_user", "plain_password",
+         "ca", "client_cert", "client_key", "other_ca"}.
   kafka.py stop --dir D [--graceful]         -> SIGKILLs the group (--graceful:
                                                 SIGTERM first); idempotent
   kafka.py create-topic --brokers B --topic T [--partitions N] [--config k=v]...
@@ -353,8 +361,8 @@ def watermarks_of(a, topic, parts=None):
 BROKER_MAIN = "kafka.Kafka"
 
 
-def broker_props(d, port, cport):
-    return {
+def broker_props(d, port, cport, secure=None):
+    props = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{cport}",
@@ -390,6 +398,92 @@ def broker_props(d, port, cport):
         "num.network.threads": "2",
         "num.io.threads": "4",
     }
+    if secure:
+        props["listeners"] += f",SASL_SSL://{secure['sasl_ssl']},SSL://{secure['ssl']}"
+        props["advertised.listeners"] += f",SASL_SSL://{secure['sasl_ssl']},SSL://{secure['ssl']}"
+        props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL,SSL:SSL"
+        props.update(secure_props(secure))
+    return props
+
+
+# --- the TLS listeners (--secure) -------------------------------------------
+
+SCRAM_USER = "urutau_scram"
+PLAIN_USER = "urutau_plain"
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def make_secure(d, sasl_port, ssl_port):
+    """The test CA's files (certs.py), the broker's PEM keystore (its key,
+    then its certificate) and random passwords; kept in D/secure.json."""
+    res = subprocess.run([sys.executable, os.path.join(HERE, "certs.py"), "make", "--dir",
+                          os.path.join(d, "certs")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if res.returncode != 0:
+        fail(f"certs.py failed (it needs the openssl command): {res.stderr.decode(errors='replace')}")
+    certs = json.loads(res.stdout)
+    keystore = os.path.join(certs["dir"], "broker-keystore.pem")
+    with open(certs["server_key"]) as k, open(certs["server_cert"]) as c:
+        pem = k.read() + c.read()
+    with open(keystore, "w") as f:
+        f.write(pem)
+    os.chmod(keystore, 0o600)
+    secure = {
+        "sasl_ssl": f"127.0.0.1:{sasl_port}",
+        "ssl": f"127.0.0.1:{ssl_port}",
+        # Letters and digits only: they go into a JAAS line and a
+        # kafka-storage argument unquoted.
+        "scram_user": SCRAM_USER,
+        "scram_password": "scram" + uuid.uuid4().hex,
+        "plain_user": PLAIN_USER,
+        "plain_password": "plain" + uuid.uuid4().hex,
+        "ca": certs["ca"],
+        "client_cert": certs["client_cert"],
+        "client_key": certs["client_key"],
+        "other_ca": certs["other_ca"],
+        "keystore": keystore,
+    }
+    path = os.path.join(d, "secure.json")
+    with open(path, "w") as f:
+        json.dump(secure, f)
+    os.chmod(path, 0o600)
+    return secure
+
+
+def read_secure(d):
+    try:
+        with open(os.path.join(d, "secure.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def secure_props(secure):
+    """SASL_SSL (SCRAM users stored by kafka-storage format, a PLAIN user in
+    its JAAS line) and SSL requiring a client certificate, one PEM keystore
+    and the test CA as truststore for both."""
+    scram_jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    plain_jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+                  f'user_{secure["plain_user"]}="{secure["plain_password"]}";')
+    props = {
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": secure["keystore"],
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": secure["ca"],
+        "listener.name.ssl.ssl.client.auth": "required",
+        "listener.name.sasl_ssl.sasl.enabled.mechanisms": ",".join((*SCRAM_MECHANISMS, "PLAIN")),
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": plain_jaas,
+    }
+    for m in SCRAM_MECHANISMS:
+        props[f"listener.name.sasl_ssl.{m.lower()}.sasl.jaas.config"] = scram_jaas
+    return props
+
+
+def scram_args(secure):
+    """kafka-storage format's --add-scram arguments for the SCRAM user."""
+    out = []
+    for m in SCRAM_MECHANISMS:
+        out += ["--add-scram", f'{m}=[name={secure["scram_user"]},password={secure["scram_password"]}]']
+    return out
 
 
 def random_cluster_id():
@@ -414,21 +508,26 @@ def cmd_start(args):
     logfile = os.path.join(d, "kafka.log")
     restart = os.path.exists(conf) and os.path.exists(os.path.join(d, "data", "meta.properties"))
     t0 = time.monotonic()
+    secure = None
     for attempt in range(3):
         if restart:
-            # Same data, same ports; the rest as this script says now.
+            # Same data, same ports, same listeners; the rest as this script
+            # says now.
             old_props = read_props(conf)
-            port = int(old_props["advertised.listeners"].rsplit(":", 1)[1])
+            port = int(old_props["advertised.listeners"].split(",")[0].rsplit(":", 1)[1])
             cport = int(old_props["controller.quorum.voters"].rsplit(":", 1)[1])
-            write_props(conf, broker_props(d, port, cport))
+            secure = read_secure(d)
+            write_props(conf, broker_props(d, port, cport, secure))
         else:
             shutil.rmtree(os.path.join(d, "data"), ignore_errors=True)
-            port, cport = free_ports(2)
-            props = broker_props(d, port, cport)
+            port, cport, sasl_port, ssl_port = free_ports(4)
+            secure = make_secure(d, sasl_port, ssl_port) if args.secure else None
+            props = broker_props(d, port, cport, secure)
             write_props(conf, props)
             fmt = subprocess.run([java, *JVM_FLAGS, "-Xmx256m", f"-Dlog4j2.configurationFile={log4j}",
                                   "-cp", lib, "kafka.tools.StorageTool", "format", "-t", random_cluster_id(),
-                                  "-c", conf], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  "-c", conf, *(scram_args(secure) if secure else [])],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT)
             if fmt.returncode != 0:
                 fail(f"kafka-storage format failed (exit {fmt.returncode}):\n{fmt.stdout.decode(errors='replace')}")
@@ -455,7 +554,10 @@ def cmd_start(args):
         fail(f"{err}\n--- tail of {logfile} ---\n{text}")
     log(f"broker pid {proc.pid} ready at {brokers} in {time.monotonic() - t0:.2f} s"
         f"{' (restarted)' if restart else ''}, RSS {rss_mb(proc.pid)} MB")
-    emit({"brokers": brokers, "pid": proc.pid, "dir": d, "log": logfile})
+    info = {"brokers": brokers, "pid": proc.pid, "dir": d, "log": logfile}
+    if secure:
+        info["secure"] = {k: v for k, v in secure.items() if k != "keystore"}
+    emit(info)
 
 
 def wait_broker(proc, brokers, port, deadline):
@@ -1299,6 +1401,8 @@ def main(argv=None):
     s.add_argument("--dir", required=True)
     s.add_argument("--home", help="kafka-fetch's home (default: $URUTAU_TEST_KAFKA_HOME, else run kafka-fetch)")
     s.add_argument("--timeout", type=float, default=90.0)
+    s.add_argument("--secure", action="store_true",
+                   help="add SASL_SSL and SSL (mutual TLS) listeners with the test CA's certificate")
     s.set_defaults(func=cmd_start)
     s = sub.add_parser("stop")
     s.add_argument("--dir", required=True)

@@ -6,15 +6,20 @@ installed on the test machines (see shared/testing/SERVERS.md): this is not
 one, it enforces no compatibility, keeps nothing on disk, and must never be
 used outside tests. Python 3 stdlib only.
 
-  schema_registry.py start --dir D [--timeout S]
+  schema_registry.py start --dir D [--timeout S] [--tls-cert C --tls-key K]
       -> `serve` detached (own process group) on a free 127.0.0.1 port, pid in
          D/pid, log (one line per request) in D/registry.log; waits until it
          answers; prints {"url": "http://127.0.0.1:P", "pid": N, "dir", "log"}.
-         All state is in memory: a new start begins empty.
+         All state is in memory: a new start begins empty. With --tls-cert
+         and --tls-key (PEM) the same registry also answers HTTPS on a second
+         free port: "https_url": "https://127.0.0.1:P2" (register over http,
+         read over https).
   schema_registry.py stop --dir D            -> SIGKILLs the group; idempotent
   schema_registry.py serve --port P [--host H] [--port-file F]
+      [--tls-cert C --tls-key K --tls-port-file F2]
       -> the server in the foreground (what start runs); --port 0 picks a free
-         port, written to F (atomically) once listening.
+         port, written to F (atomically) once listening; the HTTPS port (always
+         a free one) to F2.
 
 The API (JSON bodies; responses application/vnd.schemaregistry.v1+json;
 query strings are accepted and ignored, e.g. ?fetchMaxId=false, ?normalize=true):
@@ -337,14 +342,30 @@ def make_handler(reg):
     return Handler
 
 
+def write_port(path, port):
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{port}\n")
+    os.replace(path + ".tmp", path)
+
+
 def cmd_serve(args):
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(Registry()))
+    handler = make_handler(Registry())
+    server = ThreadingHTTPServer((args.host, args.port), handler)
     server.daemon_threads = True
     port = server.server_address[1]
+    if args.tls_cert:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        tls = ThreadingHTTPServer((args.host, 0), handler)
+        tls.daemon_threads = True
+        tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
+        threading.Thread(target=tls.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True).start()
+        log(f"listening on https://{args.host}:{tls.server_address[1]}")
+        if args.tls_port_file:
+            write_port(args.tls_port_file, tls.server_address[1])
     if args.port_file:
-        with open(args.port_file + ".tmp", "w") as f:
-            f.write(f"{port}\n")
-        os.replace(args.port_file + ".tmp", args.port_file)
+        write_port(args.port_file, port)
     log(f"listening on http://{args.host}:{port} (pid {os.getpid()})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
@@ -400,15 +421,21 @@ def cmd_start(args):
     if old and alive(old) and is_ours(old):
         fail(f"a schema registry is already running from {d} (pid {old}); run `stop --dir {d}` first")
     port_file = os.path.join(d, "port")
-    try:
-        os.remove(port_file)
-    except FileNotFoundError:
-        pass
+    tls_port_file = os.path.join(d, "tls-port")
+    for f in (port_file, tls_port_file):
+        try:
+            os.remove(f)
+        except FileNotFoundError:
+            pass
+    if bool(args.tls_cert) != bool(args.tls_key):
+        fail("--tls-cert and --tls-key go together")
+    tls = ["--tls-cert", os.path.abspath(args.tls_cert), "--tls-key", os.path.abspath(args.tls_key),
+           "--tls-port-file", tls_port_file] if args.tls_cert else []
     logfile = os.path.join(d, "registry.log")
     t0 = time.monotonic()
     with open(logfile, "ab") as out:
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", "--host", "127.0.0.1",
-                                 "--port", "0", "--port-file", port_file], cwd=d, stdin=subprocess.DEVNULL,
+                                 "--port", "0", "--port-file", port_file, *tls], cwd=d, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     pid_path = os.path.join(d, "pid")
     with open(pid_path + ".tmp", "w") as f:
@@ -448,7 +475,11 @@ def cmd_start(args):
                 pass
         time.sleep(0.05)
     log(f"pid {proc.pid} answering at {url} in {time.monotonic() - t0:.2f} s (in memory; a test harness)")
-    emit({"url": url, "pid": proc.pid, "dir": d, "log": logfile})
+    info = {"url": url, "pid": proc.pid, "dir": d, "log": logfile}
+    if tls:
+        # Written before the http port, which was read above.
+        info["https_url"] = f"https://127.0.0.1:{int(open(tls_port_file).read().strip())}"
+    emit(info)
 
 
 def cmd_stop(args):
@@ -479,6 +510,8 @@ def main(argv=None):
     s = sub.add_parser("start", help="start the stand-in detached on a free 127.0.0.1 port")
     s.add_argument("--dir", required=True)
     s.add_argument("--timeout", type=float, default=20.0)
+    s.add_argument("--tls-cert", help="also answer HTTPS with this certificate (PEM)")
+    s.add_argument("--tls-key", help="the key of --tls-cert (PEM)")
     s.set_defaults(func=cmd_start)
     s = sub.add_parser("stop")
     s.add_argument("--dir", required=True)
@@ -487,6 +520,9 @@ def main(argv=None):
     s.add_argument("--port", type=int, required=True, help="0: a free port (see --port-file)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port-file", help="write the port listened on to this file")
+    s.add_argument("--tls-cert")
+    s.add_argument("--tls-key")
+    s.add_argument("--tls-port-file", help="write the HTTPS port to this file")
     s.set_defaults(func=cmd_serve)
     args = p.parse_args(argv)
     args.func(args)

@@ -485,14 +485,29 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A client of the registry at `url`; fetches run on `runtime`.
-    pub fn new(url: &str, runtime: tokio::runtime::Handle) -> Result<Registry, String> {
+    /// A client of the registry at `url`, trusting the CA file `ca` (the
+    /// source's `tls_ca`) besides the built-in roots for an https URL;
+    /// fetches run on `runtime`.
+    pub fn new(
+        url: &str,
+        ca: Option<&std::path::Path>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Registry, String> {
         let parsed = url::Url::parse(url).map_err(|e| format!("schema_registry `{url}`: {e}"))?;
         let mut shown = parsed.clone();
         let _ = shown.set_password(None);
         let _ = shown.set_username("");
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca)
+                .map_err(|e| format!("tls_ca `{}` cannot be read: {e}", ca.display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("tls_ca `{}` is not PEM certificates: {e}", ca.display()))?
+            {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder
             .build()
             .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
         Ok(Registry {

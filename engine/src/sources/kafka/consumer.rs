@@ -24,12 +24,19 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use super::decode::{RawBatch, RawMessage};
+use super::refusal::Refusals;
+use super::security::Security;
 use crate::batching::BatchPolicy;
 use crate::position::Offsets;
 use crate::sources::{SourceBatch, SourceError};
 
 /// How long a metadata or watermark request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// While connecting, how often the client's errors are looked at (a
+/// refusal ends the wait).
+const CONNECT_SLICE: Duration = Duration::from_millis(500);
+/// ... and for how long its events are served each time.
+const CONNECT_EVENTS: Duration = Duration::from_millis(100);
 /// How long one poll waits for a message.
 const POLL: Duration = Duration::from_millis(100);
 /// Transient client errors are logged at most this often.
@@ -39,6 +46,7 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 pub struct ConsumerConfig {
     pub source: String,
     pub brokers: String,
+    pub security: Security,
     /// The routed topics; a message's table is its topic's index here.
     pub topics: Vec<String>,
     pub start: Option<Offsets>,
@@ -93,7 +101,7 @@ pub fn run_consumer(
 /// The consuming stage's state.
 struct Consuming {
     cfg: ConsumerConfig,
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<Refusals>,
     topic_index: HashMap<String, usize>,
     /// By (topic index, partition).
     parts: BTreeMap<(usize, i32), Partition>,
@@ -107,7 +115,10 @@ impl Consuming {
     /// Connects, looks up every topic's partitions, checks the resume
     /// offsets against what the broker holds, and assigns.
     fn start(cfg: ConsumerConfig) -> Result<Consuming, SourceError> {
-        let consumer: BaseConsumer = ClientConfig::new()
+        let refusals = Refusals::new(&cfg.brokers, cfg.security.clone());
+        let mut client = ClientConfig::new();
+        cfg.security.configure(&mut client);
+        let consumer: BaseConsumer<Refusals> = client
             .set("bootstrap.servers", &cfg.brokers)
             // No group is joined and nothing is committed to Kafka; the id
             // only names the client in the broker's logs.
@@ -118,11 +129,13 @@ impl Consuming {
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false")
             .set("allow.auto.create.topics", "false")
-            .create()
+            .create_with_context(refusals)
             .map_err(|e| {
                 SourceError::new(format!(
-                    "cannot create a Kafka consumer for {}: {e}",
-                    cfg.brokers
+                    "cannot create a Kafka consumer for {}: {}",
+                    cfg.brokers,
+                    // The client's words may quote its settings.
+                    Refusals::new("", cfg.security.clone()).scrub(&e.to_string())
                 ))
             })?;
         let topic_index = cfg
@@ -141,6 +154,7 @@ impl Consuming {
             last_warning: None,
             cfg,
         };
+        c.connect()?;
         let start = c.cfg.start.clone().unwrap_or_default();
         for (i, topic) in c.cfg.topics.clone().iter().enumerate() {
             let ids = c.partition_ids(topic)?;
@@ -176,6 +190,59 @@ impl Consuming {
             "Kafka partitions assigned"
         );
         Ok(c)
+    }
+
+    /// Waits up to [`REQUEST_TIMEOUT`] for a broker to answer, serving the
+    /// client's events meanwhile: librdkafka tells a refusal (failed
+    /// authentication, a refused certificate) only to a client that polls,
+    /// and would otherwise retry it until the timeout, and the supervisor
+    /// the run after it. Nothing is assigned yet, so polling reads no
+    /// message.
+    fn connect(&self) -> Result<(), SourceError> {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let topic = self.cfg.topics.first().map(String::as_str);
+        loop {
+            let slice = CONNECT_SLICE.min(deadline.saturating_duration_since(Instant::now()));
+            let result = self.consumer.fetch_metadata(topic, slice);
+            self.serve_events(CONNECT_EVENTS);
+            if let Some(refused) = self.consumer.context().refused() {
+                return Err(refused);
+            }
+            match result {
+                Ok(_) => return Ok(()),
+                Err(e) if brokers_away(e.rdkafka_error_code()) && Instant::now() < deadline => {}
+                Err(e) => {
+                    let last = self
+                        .consumer
+                        .context()
+                        .last_error()
+                        .map_or_else(String::new, |l| format!(" (last client error: {l})"));
+                    return Err(client_error(
+                        format!(
+                            "cannot reach the Kafka brokers {}: {e}{last}",
+                            self.cfg.brokers
+                        ),
+                        e.rdkafka_error_code(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Hands the client's queued events (errors, log lines) to its
+    /// context for `window`, or until a refusal is seen. A poll that
+    /// serves a log line returns nothing when its timeout is zero, so the
+    /// queue is served for a while rather than until the first empty poll.
+    fn serve_events(&self, window: Duration) {
+        let end = Instant::now() + window;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.consumer.context().refused().is_some() {
+                return;
+            }
+            // Nothing is assigned: no message can come.
+            let _ = self.consumer.poll(left);
+        }
     }
 
     fn partition_ids(&self, topic: &str) -> Result<Vec<i32>, SourceError> {
@@ -378,9 +445,13 @@ impl Consuming {
         self.assign()
     }
 
-    /// A consumer error: an offset the broker no longer has is terminal
-    /// (named); anything else is the client's to retry.
+    /// A consumer error: a refusal ([`Refusals`]) and an offset the broker
+    /// no longer has are terminal (named); anything else is the client's
+    /// to retry.
     fn consume_error(&mut self, e: KafkaError) -> Result<(), SourceError> {
+        if let Some(refused) = self.consumer.context().refused() {
+            return Err(refused);
+        }
         match e.rdkafka_error_code() {
             Some(RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange) => {
                 Err(self.out_of_range(&e))

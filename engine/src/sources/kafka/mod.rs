@@ -18,10 +18,14 @@
 //!
 //! Client: `rdkafka` with its bundled librdkafka; the consumer runs on a
 //! thread of its own and hands batches of messages to a decoding thread.
+//! Connections may be authenticated (SASL) and encrypted (TLS):
+//! [`security`]; a broker refusing them ends the run: [`refusal`].
 
 mod avro;
 mod consumer;
 mod decode;
+mod refusal;
+mod security;
 
 use std::sync::Arc;
 
@@ -109,7 +113,10 @@ impl KafkaSourceProvider {
                         "how often the topics' partitions are looked up again (new partitions are read from their earliest offset)",
                     )
                     .default("10s"),
-                ],
+                ]
+                .into_iter()
+                .chain(security::options())
+                .collect(),
                 declares_tables: true,
                 table_options: vec![OptionDef::new(
                     "topic",
@@ -117,7 +124,7 @@ impl KafkaSourceProvider {
                     "the topic holding the table's changes (default: the table's name)",
                 )],
                 transport: Transport::Full,
-                rules: vec![format_options],
+                rules: vec![format_options, security::security_options],
             },
         }
     }
@@ -190,8 +197,10 @@ impl SourceProvider for KafkaSourceProvider {
     }
 
     fn describe(&self, source: &SourceSpec) -> String {
+        let security = security::Security::parse(&source.options)
+            .map_or_else(|_| "security=?".to_string(), |s| s.describe());
         format!(
-            "brokers={}, format={}",
+            "brokers={}, format={}, {security}",
             source.options.get("brokers").unwrap_or("?"),
             source.options.get("format").unwrap_or("debezium-json")
         )
@@ -266,9 +275,18 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
             DecimalHandling::Precise,
         )
     };
+    let security = security::Security::parse(options).map_err(|problems| {
+        SourceError::new(
+            problems
+                .into_iter()
+                .map(|p| p.message)
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
     let registry = match options.get("schema_registry") {
         Some(url) if format == Format::Avro => Some(
-            avro::Registry::new(url, tokio::runtime::Handle::current())
+            avro::Registry::new(url, security.ca(), tokio::runtime::Handle::current())
                 .map_err(SourceError::new)?,
         ),
         _ => None,
@@ -288,6 +306,7 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     let cfg = ConsumerConfig {
         source: spec.name.name.clone(),
         brokers: options.get("brokers").unwrap_or_default().to_string(),
+        security,
         topics,
         start,
         exit_when_caught_up: args.exit_when_caught_up,
