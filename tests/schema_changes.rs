@@ -363,13 +363,14 @@ async fn added_widened_dropped_and_renamed_columns_land_through_kill_9() {
     // urutau runs in the background, killed at random moments and right
     // after each change; it is started again after each kill.
     let kill_now = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let runner = {
         let (p, dir) = (p.clone(), s.dir.path().to_path_buf());
         let (kill_now, done) = (Arc::clone(&kill_now), Arc::clone(&done));
+        let kills = Arc::clone(&kills);
         tokio::task::spawn_blocking(move || {
             let mut rng = StdRng::seed_from_u64(1818);
-            let mut kills = 0;
             let mut runs = 0;
             while !done.load(Ordering::SeqCst) {
                 runs += 1;
@@ -390,9 +391,8 @@ async fn added_widened_dropped_and_renamed_columns_land_through_kill_9() {
                 }
                 child.kill().unwrap(); // SIGKILL
                 child.wait().unwrap();
-                kills += 1;
+                kills.fetch_add(1, Ordering::SeqCst);
             }
-            kills
         })
     };
 
@@ -404,7 +404,10 @@ async fn added_widened_dropped_and_renamed_columns_land_through_kill_9() {
     })
     .await;
     assert!(snapshotted, "the snapshot of t completed");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Two kills while only rows are streamed, then one right after each
+    // change (and more between, as the pauses fall).
+    let streamed = eventually(60, || async { kills.load(Ordering::SeqCst) >= 2 }).await;
+    assert!(streamed, "two kills while streaming");
 
     let mut v_at_drop = HashMap::new();
     let mut n_at_rename = HashMap::new();
@@ -432,8 +435,9 @@ async fn added_widened_dropped_and_renamed_columns_land_through_kill_9() {
     stop.store(true, Ordering::SeqCst);
     let committed = writing.await.unwrap();
     done.store(true, Ordering::SeqCst);
-    let kills = runner.await.unwrap();
-    assert!(kills >= 6, "killed {kills} times");
+    runner.await.unwrap();
+    let kills = kills.load(Ordering::SeqCst);
+    assert!(kills >= 2 + CHANGES.len(), "killed {kills} times");
     assert!(
         committed > 200,
         "the writer committed {committed} transactions"

@@ -26,9 +26,9 @@ pub fn urutau(args: &[&str]) -> std::process::Output {
 /// a pause drawn from `pause_ms` (seeded), until it has been killed `kills`
 /// times after committing something; a run that ends by itself before that
 /// must have succeeded, and fails the test (it was not killed often
-/// enough). A run killed before its first commit (a loaded machine starts
-/// slowly) does not count, and the next pauses are at least twice as long,
-/// so the kills land mid-stream however fast the machine is.
+/// enough). On a machine slow enough that a run has committed nothing
+/// when its pause ends, the kill waits for its first commit (the log says
+/// so), so every kill lands mid-stream however loaded the machine is.
 pub fn kill_9_runs(
     pipeline: &std::path::Path,
     seed: u64,
@@ -36,9 +36,9 @@ pub fn kill_9_runs(
     pause_ms: std::ops::Range<u64>,
 ) {
     use rand::{Rng, SeedableRng};
+    use std::time::{Duration, Instant};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (mut done, mut runs) = (0, 0);
-    let mut floor_ms = 0u64;
     while done < kills && runs < 40 {
         runs += 1;
         // The run's log, for the message if it fails.
@@ -59,17 +59,29 @@ pub fn kill_9_runs(
             .stderr(std::fs::File::create(&log_path).unwrap())
             .spawn()
             .unwrap();
-        let pause = rng.random_range(pause_ms.clone()).max(floor_ms);
-        std::thread::sleep(std::time::Duration::from_millis(pause));
-        match child.try_wait().unwrap() {
+        let pause = Duration::from_millis(rng.random_range(pause_ms.clone()));
+        let started = Instant::now();
+        let committed = || {
+            std::fs::read_to_string(&log_path)
+                .unwrap_or_default()
+                .contains("urutau_engine::runner: committed")
+        };
+        let exited = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            let waited = started.elapsed();
+            if waited >= pause && (committed() || waited > Duration::from_secs(120)) {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        match exited {
             None => {
                 child.kill().unwrap(); // SIGKILL
                 child.wait().unwrap();
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                if log.contains("urutau_engine::runner: committed") {
+                if committed() {
                     done += 1;
-                } else {
-                    floor_ms = (pause * 2).min(20_000);
                 }
             }
             Some(status) => {

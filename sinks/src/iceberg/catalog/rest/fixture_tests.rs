@@ -337,6 +337,26 @@ async fn the_reference_server_accepts_every_request_the_sink_sends() {
     let loaded = conn.load(&ident).await.unwrap().unwrap();
     assert_eq!(loaded.metadata_location(), table.metadata_location());
 
+    // On a local warehouse the directories of the files a commit adds are
+    // synced before it is sent: one that is not there (its file was never
+    // written) fails the commit before the catalog sees it.
+    let missing = format!(
+        "{}/data/never=written/x.parquet",
+        table.metadata().location()
+    );
+    let result = commit::build_row_delta(&table, &delta("46", false))
+        .await
+        .unwrap();
+    match conn
+        .commit(&table, result, std::slice::from_ref(&missing))
+        .await
+    {
+        Outcome::Unknown(e) => assert!(e.to_string().contains("syncing"), "{e}"),
+        _ => panic!("a commit whose files are not on disk was sent"),
+    }
+    let loaded = conn.load(&ident).await.unwrap().unwrap();
+    assert_eq!(loaded.metadata_location(), table.metadata_location());
+
     // remove-snapshots (expiry): a second snapshot, then the first removed.
     let result = commit::build_row_delta(&table, &delta("45", false))
         .await
