@@ -307,3 +307,293 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT * FROM src.public.it
         source_items(&db).await
     );
 }
+
+/// A pipeline of the quickstart's change events (a file source) with
+/// `sink` (`name INTO kind WITH (...)`) and one route of its orders,
+/// `route` (`name WITH (...)`), selecting id, status and amount.
+fn shop_pipeline(dir: &Path, sink: &str, route: &str) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data/shop.jsonl");
+    let text = format!(
+        "CREATE PIPELINE shop;
+CREATE SOURCE events FROM file WITH (path = '{shop}', format = 'debezium-json');
+CREATE SINK {sink};
+CREATE TABLE events.orders (id BIGINT NOT NULL, customer_id BIGINT, amount DECIMAL(12,2),
+  status VARCHAR, created_at TIMESTAMPTZ, PRIMARY KEY (id));
+CREATE TABLE events.customers (id BIGINT NOT NULL, name VARCHAR, email VARCHAR, PRIMARY KEY (id));
+CREATE TABLE {route} AS
+SELECT id, status, amount FROM events.orders WHERE status <> 'test';
+",
+        shop = shop.display()
+    );
+    let p = dir.join("p.sql");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// [`shop_pipeline`] into an Iceberg REST catalog at `catalog_options`,
+/// table `bronze.<table>`.
+fn rest_pipeline(dir: &Path, table: &str, catalog_options: &str) -> std::path::PathBuf {
+    shop_pipeline(
+        dir,
+        &format!(
+            "lake INTO iceberg WITH (catalog = 'rest', namespace = 'bronze', {catalog_options})"
+        ),
+        &format!("lake.{table} WITH (primary_key = 'id')"),
+    )
+}
+
+/// What the quickstart's orders end as: (id, status).
+const ORDERS: [(i64, &str); 4] = [(1, "new"), (3, "shipped"), (6, "new"), (40, "paid")];
+
+/// (id, status) of `rows`.
+fn id_status(rows: &[serde_json::Value]) -> Vec<(i64, String)> {
+    rows.iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// `urutau run P --exit-when-caught-up` with `SSL_CERT_FILE` set to
+/// `ssl_cert_file`, or unset: its output, stdout then stderr.
+fn run_with_ssl_cert_file(p: &Path, ssl_cert_file: Option<&str>) -> (Option<i32>, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"));
+    command.args(["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+    match ssl_cert_file {
+        Some(f) => command.env("SSL_CERT_FILE", f),
+        None => command.env_remove("SSL_CERT_FILE"),
+    };
+    let out = command.output().unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Runs `p` (with `SSL_CERT_FILE` as [`run_with_ssl_cert_file`]): it must
+/// exit 1 at once, not retried, saying the server's certificate is not
+/// signed by a CA it trusts and to set `ca_cert`.
+fn assert_refused_saying_set_ca_cert(p: &Path, ssl_cert_file: Option<&str>) {
+    let (code, said) = run_with_ssl_cert_file(p, ssl_cert_file);
+    assert_eq!(code, Some(1), "{}: {said}", p.display());
+    assert!(
+        said.contains(
+            "the server's certificate is not signed by a CA the sink trusts: set ca_cert"
+        ),
+        "{}: {said}",
+        p.display()
+    );
+    assert!(
+        !said.contains("retrying"),
+        "{}: retried: {said}",
+        p.display()
+    );
+}
+
+/// Apache Iceberg's reference REST server behind https (a TLS front with
+/// the harness CA's certificate, tests/harness/tls_front.py): the catalog
+/// is trusted through `ca_cert`, or through `SSL_CERT_FILE`; DuckDB and
+/// Iceberg's Java reader read what was written. Another CA, or the
+/// built-in web CAs, refuse the server: exit 1 at once (not retried),
+/// saying to set `ca_cert`.
+#[tokio::test]
+async fn an_iceberg_rest_catalog_over_https_is_trusted_through_ca_cert_or_ssl_cert_file() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = common::certs(&dir.path().join("certs"));
+    let (ca, other_ca) = (
+        certs["ca"].as_str().unwrap(),
+        certs["other_ca"].as_str().unwrap(),
+    );
+    let server = common::iceberg_rest::IcebergRest::start(&dir.path().join("rest")).await;
+    let front = common::TlsFront::start(&certs, server.uri().trim_start_matches("http://"));
+    let https = format!(
+        "uri = 'https://{}', warehouse = '{}'",
+        front.addr,
+        server.warehouse_uri()
+    );
+    let read_back = |table: &str| {
+        let (server, python) = (&server, &python);
+        let table = format!("bronze.{table}");
+        async move {
+            let loaded = server.load(&table).await;
+            let location = loaded["metadata-location"].as_str().unwrap().to_string();
+            let rows = common::duckdb_rows(python, &location, "id");
+            assert_eq!(
+                common::iceberg_java_rows(&location, "id"),
+                rows,
+                "Iceberg's Java reader reads what DuckDB reads"
+            );
+            id_status(&rows)
+        }
+    };
+    let want: Vec<(i64, String)> = ORDERS.iter().map(|(i, s)| (*i, s.to_string())).collect();
+
+    // ca_cert (SSL_CERT_FILE unset).
+    let p = rest_pipeline(
+        &dir.path().join("ca_cert"),
+        "by_ca_cert",
+        &format!("{https}, ca_cert = '{ca}'"),
+    );
+    let (code, said) = run_with_ssl_cert_file(&p, None);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(read_back("by_ca_cert").await, want);
+
+    // SSL_CERT_FILE, no ca_cert.
+    let p = rest_pipeline(&dir.path().join("env"), "by_env", &https);
+    let (code, said) = run_with_ssl_cert_file(&p, Some(ca));
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(read_back("by_env").await, want);
+
+    // Another CA, or none (the built-in web CAs): refused, not retried.
+    for (name, options, env) in [
+        ("other", format!("{https}, ca_cert = '{other_ca}'"), None),
+        ("web", https.clone(), None),
+        ("other_env", https.clone(), Some(other_ca)),
+    ] {
+        let p = rest_pipeline(&dir.path().join(name), name, &options);
+        assert_refused_saying_set_ca_cert(&p, env);
+    }
+    // Nothing was created by the refused runs.
+    let tables = reqwest::get(format!("{}/v1/namespaces/bronze/tables", server.uri()))
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let mut names: Vec<&str> = tables["identifiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["by_ca_cert", "by_env"]);
+}
+
+/// SeaweedFS's REST catalog and S3 both behind https (TLS fronts with the
+/// harness CA's certificate): the catalog trusted through `ca_cert`, S3
+/// through `SSL_CERT_FILE` (its client trusts the system's CAs and that
+/// file); DuckDB reads the table back. Without `SSL_CERT_FILE` the S3
+/// client refuses the certificate: exit 1 at once (not retried), saying
+/// to set `SSL_CERT_FILE`.
+#[tokio::test]
+async fn iceberg_on_s3_over_https_trusts_ssl_cert_file() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = common::certs(&dir.path().join("certs"));
+    let ca = certs["ca"].as_str().unwrap();
+    let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
+    let host_port = |url: String| {
+        url.trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string()
+    };
+    let catalog_front = common::TlsFront::start(&certs, &host_port(server.iceberg_uri()));
+    let s3_front = common::TlsFront::start(&certs, &host_port(server.s3_endpoint()));
+    let (id, secret) = server.credential();
+    let options = format!(
+        "uri = 'https://{}', warehouse = '{}', client_id = '{id}', client_secret = '{secret}',
+  s3_endpoint = 'https://{}', s3_region = 'us-east-1', s3_path_style = true,
+  s3_access_key_id = '{id}', s3_secret_access_key = '{secret}', ca_cert = '{ca}', retry_timeout = '3s'",
+        catalog_front.addr,
+        server.warehouse(),
+        s3_front.addr
+    );
+
+    let p = rest_pipeline(&dir.path().join("env"), "on_s3", &options);
+    let (code, said) = run_with_ssl_cert_file(&p, Some(ca));
+    assert_eq!(code, Some(0), "{said}");
+    assert!(!said.contains(&secret), "{said}");
+    let want: Vec<(i64, String)> = ORDERS.iter().map(|(i, s)| (*i, s.to_string())).collect();
+    assert_eq!(id_status(&server.rows("bronze.on_s3", "id")), want);
+
+    let p = rest_pipeline(&dir.path().join("no_env"), "no_env", &options);
+    let (code, said) = run_with_ssl_cert_file(&p, None);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("the object store refused: the server's certificate is not signed by a CA the sink trusts: set SSL_CERT_FILE"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("transient failure: retrying"),
+        "retried: {said}"
+    );
+    assert!(!said.contains(&secret), "{said}");
+}
+
+/// [`shop_pipeline`] into Couchbase at `sink_options`, bucket `shop`,
+/// collection `orders`.
+fn couchbase_pipeline(dir: &Path, sink_options: &str) -> std::path::PathBuf {
+    shop_pipeline(
+        dir,
+        &format!("cb INTO couchbase WITH (bucket = 'shop', {sink_options})"),
+        "cb.orders WITH (primary_key = 'id')",
+    )
+}
+
+/// Couchbase over TLS (`couchbases://`, the mock's TLS ports with the
+/// harness CA's certificate): trusted through `ca_cert`, the documents are
+/// what the Python SDK reads (over the mock's plain ports). Another CA
+/// refuses the cluster: exit 1 at once with what to set.
+/// `ca_cert` beside a plain `couchbase://` uri is an error, not ignored.
+#[test]
+fn couchbase_over_tls_is_trusted_through_ca_cert() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = common::certs(&dir.path().join("certs"));
+    let (ca, other_ca) = (
+        certs["ca"].as_str().unwrap(),
+        certs["other_ca"].as_str().unwrap(),
+    );
+    let cb = common::Couchbase::start_tls(&python, &dir.path().join("cb"), &certs);
+    let tls = cb.tls_connstr.clone().unwrap();
+    let login = format!("username = '{}', password = '{}'", cb.user, cb.password);
+
+    let p = couchbase_pipeline(
+        &dir.path().join("ok"),
+        &format!("uri = '{tls}', {login}, ca_cert = '{ca}'"),
+    );
+    let (code, said) = run_with_ssl_cert_file(&p, None);
+    assert_eq!(code, Some(0), "{said}");
+    let keys: Vec<String> = (1..=50).map(|id| format!("[{id}]")).collect();
+    let read: Vec<(i64, String)> = cb
+        .get("shop", "_default", "orders", &keys)
+        .into_values()
+        .filter(|d| !d.is_null())
+        .map(|d| {
+            (
+                d["id"].as_i64().unwrap(),
+                d["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let want: Vec<(i64, String)> = ORDERS.iter().map(|(i, s)| (*i, s.to_string())).collect();
+    assert_eq!(read, want, "as the Python SDK reads it");
+
+    let p = couchbase_pipeline(
+        &dir.path().join("other"),
+        &format!(
+            "uri = '{tls}', {login}, ca_cert = '{other_ca}', retry_for = '5s', retry_timeout = '0s'"
+        ),
+    );
+    assert_refused_saying_set_ca_cert(&p, None);
+
+    let plain = couchbase_pipeline(
+        &dir.path().join("plain"),
+        &format!("uri = '{}', {login}, ca_cert = '{ca}'", cb.connstr),
+    );
+    let (code, said) = run_with_ssl_cert_file(&plain, None);
+    assert_ne!(code, Some(0), "{said}");
+    assert!(said.contains("ca_cert is for TLS connections"), "{said}");
+}

@@ -20,31 +20,39 @@ pub fn ca_file(option: Option<&str>) -> Option<PathBuf> {
         .or_else(|| std::env::var_os("SSL_CERT_FILE").map(PathBuf::from))
 }
 
-/// The certificates of the PEM file at `path`, as a root store; a file
-/// that cannot be read or holds no certificate is an error naming it.
-pub fn root_store(path: &Path) -> Result<RootCertStore, SinkError> {
+/// The certificates of the PEM file at `path`; a file that cannot be read
+/// or holds no certificate is an error naming it.
+pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, SinkError> {
     let bytes = std::fs::read(path)
         .map_err(|e| SinkError::Unavailable(format!("the CA file {}: {e}", path.display())))?;
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&bytes) {
-        let cert = cert.map_err(|e| {
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
             SinkError::Unavailable(format!(
                 "the CA file {} is not PEM certificates: {e}",
                 path.display()
             ))
         })?;
+    if certs.is_empty() {
+        return Err(SinkError::Unavailable(format!(
+            "the CA file {} holds no certificate",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The certificates of the PEM file at `path` ([`certificates`]), as a
+/// root store.
+pub fn root_store(path: &Path) -> Result<RootCertStore, SinkError> {
+    let mut roots = RootCertStore::empty();
+    for cert in certificates(path)? {
         roots.add(cert).map_err(|e| {
             SinkError::Unavailable(format!(
                 "the CA file {} holds a certificate rustls refuses: {e}",
                 path.display()
             ))
         })?;
-    }
-    if roots.is_empty() {
-        return Err(SinkError::Unavailable(format!(
-            "the CA file {} holds no certificate",
-            path.display()
-        )));
     }
     Ok(roots)
 }
@@ -71,6 +79,23 @@ pub fn hint(message: &str, option: &str) -> Option<String> {
     } else {
         None
     }
+}
+
+/// An error with its causes: HTTP clients' own words ("error sending
+/// request", "client error (Connect)") hide why, e.g. a refused
+/// certificate, which only a cause names.
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]

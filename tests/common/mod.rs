@@ -154,7 +154,7 @@ pub fn run_to_end(pipeline: &std::path::Path) -> std::process::Output {
 }
 
 /// The harness's own test CA and certificates (tests/harness/certs.py),
-/// made in `dir`: the JSON with the files' paths (`ca`, `server_cert`,
+/// made in `dir`: the JSON with the files' paths (`ca`, `server_cert`, `server_key`,
 /// `client_cert`, `client_key`, `client_user`, `other_ca`, `dir`).
 pub fn certs(dir: &std::path::Path) -> serde_json::Value {
     let out = harness(
@@ -164,6 +164,50 @@ pub fn certs(dir: &std::path::Path) -> serde_json::Value {
         "making the test CA (needs the openssl command)",
     );
     serde_json::from_slice(&out).unwrap()
+}
+
+/// A TLS front (tests/harness/tls_front.py) for a plain server at
+/// `target` (`host:port`): https with the harness CA's server certificate
+/// (for localhost and 127.0.0.1) on [`TlsFront::addr`], killed when
+/// dropped.
+pub struct TlsFront {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl TlsFront {
+    /// Starts a front for `target`, with the certificates `certs` made.
+    pub fn start(certs: &serde_json::Value, target: &str) -> TlsFront {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .arg(harness_script("tls_front.py"))
+            .args(["--cert", certs["server_cert"].as_str().unwrap()])
+            .args(["--key", certs["server_key"].as_str().unwrap()])
+            .args(["--to", target])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            panic!("the TLS front for {target} did not start: {line:?}");
+        };
+        TlsFront {
+            addr: addr.to_string(),
+            child,
+        }
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A script of the test harness (tests/harness/).
@@ -828,6 +872,9 @@ pub struct Couchbase {
     pub connstr: String,
     pub user: String,
     pub password: String,
+    /// The `couchbases://` seed list, when the mock also serves TLS
+    /// ([`Couchbase::start_tls`]).
+    pub tls_connstr: Option<String>,
     python: std::path::PathBuf,
     /// The mock's process (group), while this test runs one.
     mock: Option<u64>,
@@ -840,14 +887,43 @@ impl Couchbase {
                 connstr: url,
                 user: std::env::var("URUTAU_TEST_COUCHBASE_USER").unwrap_or_default(),
                 password: std::env::var("URUTAU_TEST_COUCHBASE_PASSWORD").unwrap_or_default(),
+                tls_connstr: None,
                 python: python.to_path_buf(),
                 mock: None,
             };
         }
+        Self::start_with(python, dir, &[])
+    }
+
+    /// Starts the mock with TLS too (gocaves.patch item 4): its nodes
+    /// serve TLS with the harness CA's server certificate from `certs`
+    /// (for 127.0.0.1), at [`Couchbase::tls_connstr`].
+    pub fn start_tls(
+        python: &std::path::Path,
+        dir: &std::path::Path,
+        certs: &serde_json::Value,
+    ) -> Couchbase {
+        let file = |k: &str| certs[k].as_str().unwrap().to_string();
+        let cb = Self::start_with(
+            python,
+            dir,
+            &[
+                "--tls-cert".into(),
+                file("server_cert"),
+                "--tls-key".into(),
+                file("server_key"),
+            ],
+        );
+        assert!(cb.tls_connstr.is_some(), "the mock serves no TLS");
+        cb
+    }
+
+    fn start_with(python: &std::path::Path, dir: &std::path::Path, extra: &[String]) -> Couchbase {
         let mut cmd = std::process::Command::new(python);
         cmd.arg(harness_script("couchbase.py"))
             .args(["start", "--dir"])
-            .arg(dir);
+            .arg(dir)
+            .args(extra);
         if let Ok(bin) = std::env::var("URUTAU_TEST_GOCAVES") {
             cmd.args(["--bin", &bin]);
         }
@@ -863,6 +939,7 @@ impl Couchbase {
             connstr: info["connstr"].as_str().unwrap().to_string(),
             user: info["username"].as_str().unwrap().to_string(),
             password: info["password"].as_str().unwrap().to_string(),
+            tls_connstr: info["tls_connstr"].as_str().map(str::to_string),
             python: python.to_path_buf(),
             mock: info["pid"].as_u64(),
         }

@@ -4,9 +4,11 @@
 module plus our small patch gocaves.patch), and the official Couchbase Python
 SDK (PyPI `couchbase`) as the independent reader.
 
-  couchbase.py start --dir D [--bin PATH] [--timeout S]
+  couchbase.py start --dir D [--bin PATH] [--timeout S] [--tls-cert PEM --tls-key PEM]
       -> starts `gocaves --mock-only` detached (own process group), logs in D,
          prints one JSON line {"connstr", "pid", "username", "password"}
+         (with --tls-*, the nodes also serve TLS with that certificate, and
+         "tls_connstr" is the couchbases:// seed list: patch item 4)
   couchbase.py stop --dir D
       -> kills the process group from D/pid (SIGKILL: all state is in memory);
          idempotent
@@ -41,6 +43,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 USERNAME = "Administrator"
 PASSWORD = "password"
 CONNSTR_RE = re.compile(r'\{"connstr":\s*"([^"]+)"\}')
+TLS_CONNSTR_RE = re.compile(r'\{"tls_connstr":\s*"([^"]+)"\}')
 
 
 def fail(msg):
@@ -116,9 +119,13 @@ def cmd_start(args):
         fail(f"gocaves binary not found or not executable: {binary}")
     out_log, err_log = os.path.join(d, "gocaves.out"), os.path.join(d, "gocaves.err")
     t0 = time.monotonic()
+    env = dict(os.environ)
+    if args.tls_cert:
+        env["GOCAVES_TLS_CERT_FILE"] = os.path.abspath(args.tls_cert)
+        env["GOCAVES_TLS_KEY_FILE"] = os.path.abspath(args.tls_key)
     with open(out_log, "wb") as out, open(err_log, "wb") as err:
         proc = subprocess.Popen([binary, "--mock-only"], cwd=d, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=err, start_new_session=True, close_fds=True)
+                                stderr=err, start_new_session=True, close_fds=True, env=env)
 
     def give_up(msg):
         try:
@@ -130,10 +137,14 @@ def cmd_start(args):
 
     deadline = t0 + args.timeout
     connstr = None
+    tls_connstr = None
     while connstr is None:
-        m = CONNSTR_RE.search(tail(err_log, 200))
-        if m:
+        log = tail(err_log, 200)
+        m = CONNSTR_RE.search(log)
+        t = TLS_CONNSTR_RE.search(log)
+        if m and (t or not args.tls_cert):
             connstr = m.group(1)
+            tls_connstr = t.group(1) if t else None
             break
         if proc.poll() is not None:
             give_up(f"gocaves exited with status {proc.returncode} before printing its connstr")
@@ -157,8 +168,10 @@ def cmd_start(args):
     os.replace(pidfile + ".tmp", pidfile)
     print(f"couchbase harness: gocaves pid {proc.pid} ready in {time.monotonic() - t0:.2f} s: {connstr}",
           file=sys.stderr)
-    print(json.dumps({"connstr": connstr, "pid": proc.pid, "username": USERNAME, "password": PASSWORD}),
-          flush=True)
+    info = {"connstr": connstr, "pid": proc.pid, "username": USERNAME, "password": PASSWORD}
+    if tls_connstr:
+        info["tls_connstr"] = tls_connstr
+    print(json.dumps(info), flush=True)
 
 
 def cmd_stop(args):
@@ -370,6 +383,8 @@ def main(argv=None):
     s.add_argument("--dir", required=True)
     s.add_argument("--bin", help="gocaves binary (default: built/found by ./gocaves-build)")
     s.add_argument("--timeout", type=float, default=60.0)
+    s.add_argument("--tls-cert", help="also serve TLS with this PEM certificate (needs --tls-key)")
+    s.add_argument("--tls-key")
     s.set_defaults(func=cmd_start)
     s = sub.add_parser("stop")
     s.add_argument("--dir", required=True)

@@ -93,7 +93,7 @@ pub async fn insert_once(
             )),
             other => SinkError::Io(format!(
                 "clickhouse: inserting into {database}.{table}: {}",
-                super::error_text(&other)
+                crate::tls::with_causes(&other)
             )),
         }),
     }

@@ -174,27 +174,11 @@ fn https_client(ca: &std::path::Path) -> Result<Client, SinkError> {
 
 /// Maps a client error, with what was being done.
 fn ch_error(doing: impl std::fmt::Display, e: clickhouse::error::Error) -> SinkError {
-    let text = error_text(&e);
+    let text = crate::tls::with_causes(&e);
     match crate::tls::hint(&text, "ca_cert") {
         Some(hint) => SinkError::Io(format!("clickhouse: {doing}: {hint} ({text})")),
         None => SinkError::Io(format!("clickhouse: {doing}: {text}")),
     }
-}
-
-/// A client error with its causes: the client's own words ("network
-/// error: client error (Connect)") hide why, e.g. a refused certificate.
-pub(crate) fn error_text(e: &clickhouse::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// Runs a statement.

@@ -26,6 +26,10 @@ pub enum Failure {
 
 /// Which failures of the SDK are transient.
 pub fn classify(e: &CbError) -> Failure {
+    // A refused certificate stays refused.
+    if certificate_hint(e).is_some() {
+        return Failure::Terminal;
+    }
     match e.kind() {
         ErrorKind::ServerTimeout
         | ErrorKind::TemporaryFailure
@@ -60,9 +64,18 @@ fn is_connection_text(m: &str) -> bool {
     .any(|w| m.contains(w))
 }
 
+/// What to change when `e` is a refused server certificate.
+fn certificate_hint(e: &CbError) -> Option<String> {
+    let text = crate::tls::with_causes(e);
+    crate::tls::hint(&text, "ca_cert").map(|hint| format!("{hint} ({text})"))
+}
+
 /// What a terminal SDK failure means for the user, with the fix where
 /// there is one.
 pub fn explain(e: &CbError, bucket: &str) -> String {
+    if let Some(hint) = certificate_hint(e) {
+        return hint;
+    }
     match e.kind() {
         ErrorKind::DurabilityImpossible => format!(
             "{e}: bucket `{bucket}` cannot acknowledge the configured durability with the nodes it has (a single node with replicas >= 1 never can); use a bucket with 0 replicas (the sink creates its bucket so), add nodes, or choose another durability; urutau never downgrades durability silently"

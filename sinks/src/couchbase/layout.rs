@@ -9,7 +9,7 @@ use couchbase::cluster::Cluster;
 use couchbase::collection::Collection;
 use couchbase::error::ErrorKind;
 use couchbase::management::buckets::bucket_settings::BucketSettings;
-use couchbase::options::cluster_options::ClusterOptions;
+use couchbase::options::cluster_options::{ClusterOptions, TlsOptions};
 use urutau_planner::sink::SinkError;
 
 use super::Config;
@@ -20,11 +20,24 @@ const NEW_BUCKET_RAM_MB: u64 = 100;
 
 /// Connects (bounded, retried like every call).
 pub async fn connect(config: &Config, table: &str) -> Result<Cluster, SinkError> {
+    if super::is_tls(&config.uri)
+        && let Some(refusal) =
+            super::tls_probe::refused_certificate(&config.uri, config.ca_certs.as_deref()).await
+    {
+        return Err(SinkError::Io(format!(
+            "couchbase: connect on table {table} at {}: {refusal}",
+            config.calls.server
+        )));
+    }
     config
         .calls
         .run("connect", table, || {
             let auth = PasswordAuthenticator::new(&config.username, &config.password);
-            Cluster::connect(&config.uri, ClusterOptions::new(auth.into()))
+            let mut options = ClusterOptions::new(auth.into());
+            if let Some(cas) = &config.ca_certs {
+                options = options.tls_options(TlsOptions::new().add_ca_certificates(cas.clone()));
+            }
+            Cluster::connect(&config.uri, options)
         })
         .await
 }

@@ -26,6 +26,7 @@ mod commit;
 pub mod control;
 pub mod document;
 mod layout;
+mod tls_probe;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,7 +47,17 @@ fn options() -> Vec<OptionDef> {
     use OptionType as T;
     vec![
         OptionDef::retry_timeout(),
-        OptionDef::new("uri", T::String, "couchbase://host[:port],...").required(),
+        OptionDef::new(
+            "uri",
+            T::String,
+            "couchbase://host[:port],... (couchbases:// for TLS)",
+        )
+        .required(),
+        OptionDef::new(
+            "ca_cert",
+            T::String,
+            "couchbases://: PEM file of the CA the cluster's certificates are signed by (default: SSL_CERT_FILE, else the SDK's built-in CAs)",
+        ),
         OptionDef::new("bucket", T::String, "the bucket (created when absent, 0 replicas)")
             .aliases(&["namespace"])
             .required(),
@@ -202,6 +213,9 @@ pub struct Config {
     pub durability: DurabilityLevel,
     pub concurrency: usize,
     pub calls: client::Calls,
+    /// The CAs a `couchbases://` connection trusts (`ca_cert`, else
+    /// `SSL_CERT_FILE`); `None`: the SDK's own.
+    pub ca_certs: Option<Vec<rustls_pki_types::CertificateDer<'static>>>,
 }
 
 impl std::fmt::Debug for Config {
@@ -227,6 +241,7 @@ impl Config {
         };
         let uri = get("uri").unwrap_or_default();
         let bucket = get("bucket").unwrap_or_default();
+        let ca_certs = trusted_cas(&uri, get("ca_cert").as_deref())?;
         let calls = client::Calls {
             timeout: duration("timeout", "10s")?,
             retry_for: duration("retry_for", "30s")?,
@@ -252,8 +267,36 @@ impl Config {
                 .unwrap_or(64),
             bucket,
             calls,
+            ca_certs,
         })
     }
+}
+
+/// Whether `uri` connects over TLS (`couchbases://`).
+fn is_tls(uri: &str) -> bool {
+    uri.get(..13)
+        .is_some_and(|s| s.eq_ignore_ascii_case("couchbases://"))
+}
+
+/// The CA certificates a connection to `uri` trusts: for `couchbases://`,
+/// those of `ca_cert`, else of `SSL_CERT_FILE`, else none given (the SDK's
+/// built-in CAs). `ca_cert` beside a plain `couchbase://` uri is an error:
+/// it would do nothing.
+fn trusted_cas(
+    uri: &str,
+    ca_cert: Option<&str>,
+) -> Result<Option<Vec<rustls_pki_types::CertificateDer<'static>>>, SinkError> {
+    if !is_tls(uri) {
+        return match ca_cert {
+            Some(_) => Err(SinkError::Unavailable(
+                "ca_cert is for TLS connections: write the uri as couchbases://host,... (the cluster's TLS ports), or remove ca_cert".to_string(),
+            )),
+            None => Ok(None),
+        };
+    }
+    crate::tls::ca_file(ca_cert)
+        .map(|path| crate::tls::certificates(&path))
+        .transpose()
 }
 
 /// One collection the sink writes, as `ensure_table` prepared it.

@@ -22,7 +22,6 @@ mod read;
 pub mod schema;
 
 use std::collections::HashMap;
-use std::fmt::Display;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,9 +49,21 @@ use key_ranges::KeyRanges;
 use maintenance::Maintenance;
 
 /// Maps an error of the iceberg crate (or any other) into a sink error with
-/// what was being done.
-pub(crate) fn io_error<E: Display>(doing: &'static str) -> impl Fn(E) -> SinkError {
-    move |e| SinkError::Io(format!("{doing}: {e}"))
+/// what was being done. A certificate the object store's client refused
+/// (named only deep in the error's causes) is said, with what to set: that
+/// client trusts the system's CAs and `SSL_CERT_FILE`, not `ca_cert`.
+pub(crate) fn io_error<E: std::error::Error + 'static>(
+    doing: &'static str,
+) -> impl Fn(E) -> SinkError {
+    move |e| {
+        let causes = crate::tls::with_causes(&e);
+        match crate::tls::hint(&causes, "SSL_CERT_FILE") {
+            Some(hint) => SinkError::Io(format!(
+                "{doing}: the object store refused: {hint} (its client trusts the system's CAs and SSL_CERT_FILE; ca_cert is the REST catalog's) ({causes})"
+            )),
+            None => SinkError::Io(format!("{doing}: {e}")),
+        }
+    }
 }
 
 /// Fault injection for tests: the next `n` successful catalog swaps report
@@ -174,6 +185,11 @@ fn options() -> Vec<OptionDef> {
             "S3 secret key (default: AWS_SECRET_ACCESS_KEY)",
         )
         .secret(),
+        OptionDef::new(
+            "ca_cert",
+            T::String,
+            "REST over https: PEM file of the CA the catalog's certificate is signed by (default: SSL_CERT_FILE, else the built-in web CAs); S3 trusts the system's CAs and SSL_CERT_FILE",
+        ),
         OptionDef::new("maintenance_enabled", T::Bool, "run table maintenance"),
         OptionDef::new(
             "maintenance_compaction_interval",
@@ -280,7 +296,14 @@ impl SinkProvider for IcebergSinkProvider {
             s3_path_style: get("s3_path_style").map(|v| v == "true"),
             s3_access_key_id: get("s3_access_key_id"),
             s3_secret_access_key: get("s3_secret_access_key"),
+            ca_cert: get("ca_cert"),
         };
+        if rest.ca_cert.is_some() && get("catalog").as_deref() != Some("rest") {
+            return Err(SinkError::Unavailable(
+                "ca_cert is the REST catalog's CA (catalog = 'rest'); a Postgres SQL catalog takes sslrootcert (and sslmode) in its uri"
+                    .to_string(),
+            ));
+        }
         Ok(Arc::new(IcebergSink {
             name: spec.name.name.clone(),
             rest,

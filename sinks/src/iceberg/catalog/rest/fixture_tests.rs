@@ -121,6 +121,7 @@ async fn connect(f: &Fixture) -> RestCatalogConn {
             s3_path_style: None,
             s3_access_key_id: None,
             s3_secret_access_key: None,
+            ca_cert: None,
         },
         "test",
     )

@@ -57,6 +57,10 @@ pub struct RestConfig {
     pub s3_path_style: Option<bool>,
     pub s3_access_key_id: Option<String>,
     pub s3_secret_access_key: Option<String>,
+    /// The PEM file of the CA whose certificates the catalog's https
+    /// client trusts (`ca_cert`, else `SSL_CERT_FILE`; none: the built-in
+    /// web CAs).
+    pub ca_cert: Option<String>,
 }
 
 impl std::fmt::Debug for RestConfig {
@@ -138,11 +142,31 @@ fn shown(uri: &str) -> String {
     }
 }
 
-/// A transport error as a sink error. reqwest's messages carry the URL,
-/// never credentials (they travel in headers or form bodies); the URL is
-/// left out all the same.
+/// A transport error as a sink error, with its causes (a refused
+/// certificate is named only there) and, for a refused certificate, what
+/// to change. reqwest's messages carry the URL, never credentials (they
+/// travel in headers or form bodies); the URL is left out all the same.
 fn http_error(doing: &'static str) -> impl Fn(reqwest::Error) -> SinkError {
-    move |e| SinkError::Io(format!("{doing}: {}", e.without_url()))
+    move |e| {
+        let text = crate::tls::with_causes(&e.without_url());
+        match crate::tls::hint(&text, "ca_cert") {
+            Some(hint) => SinkError::Io(format!("{doing}: {hint} ({text})")),
+            None => SinkError::Io(format!("{doing}: {text}")),
+        }
+    }
+}
+
+/// The catalog's HTTP client: one that trusts exactly the CA in `ca_cert`
+/// (else `SSL_CERT_FILE`), or the built-in web CAs without either.
+fn http_client(ca_cert: Option<&str>) -> Result<reqwest::Client, SinkError> {
+    let Some(ca) = crate::tls::ca_file(ca_cert) else {
+        return Ok(reqwest::Client::new());
+    };
+    let tls = crate::tls::client_config(crate::tls::root_store(&ca)?)?;
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .build()
+        .map_err(|e| SinkError::Unavailable(format!("the REST catalog's https client: {e}")))
 }
 
 /// An unexpected answer as a sink error: the status and the server's own
@@ -174,7 +198,7 @@ const ACCESS_DELEGATION: (&str, &str) = ("X-Iceberg-Access-Delegation", "vended-
 impl RestCatalogConn {
     /// Connects: authenticates and reads the catalog's config.
     pub async fn connect(config: RestConfig, _name: &str) -> Result<Self, SinkError> {
-        let http = reqwest::Client::new();
+        let http = http_client(config.ca_cert.as_deref())?;
         let base = config.uri.trim_end_matches('/').to_string();
         let auth = Auth::new(Credentials {
             client_id: config.client_id.clone(),
@@ -541,6 +565,7 @@ mod tests {
             s3_path_style: Some(true),
             s3_access_key_id: Some("ak".into()),
             s3_secret_access_key: Some("s3-secret".into()),
+            ca_cert: None,
         };
         let props = config.client_props();
         assert_eq!(props["s3.endpoint"], "http://s3");
