@@ -237,6 +237,20 @@ async fn tls_problems_are_clear_errors_without_secrets() {
     let said = text(&plan);
     assert!(said.contains("sslmode=verify-full"), "{said}");
     assert!(!said.contains(&password), "{said}");
+    // libpq's PGSSLMODE, when neither the uri nor an option says.
+    let by_env = pipeline(
+        &dir.path().join("env"),
+        &uri(&pg, "postgres", true, ""),
+        "",
+        "tls_env",
+    );
+    let plan = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["plan", "--explain", by_env.to_str().unwrap()])
+        .env("PGSSLMODE", "require")
+        .output()
+        .unwrap();
+    let said = text(&plan);
+    assert!(said.contains("sslmode=require"), "{said}");
 
     // A server without TLS: `prefer` connects in the clear, and says so.
     let open_pg = common::Postgres::start(&dir.path().join("open"));

@@ -189,17 +189,13 @@ impl SourceProvider for PostgresSourceProvider {
     }
 
     fn describe(&self, source: &SourceSpec) -> String {
+        // As the connections will read it: the option, the uri, PGSSLMODE.
         let sslmode = source
             .options
-            .get("sslmode")
-            .map(str::to_string)
-            .or_else(|| {
-                let uri = url::Url::parse(source.options.get("uri")?).ok()?;
-                uri.query_pairs()
-                    .find(|(k, _)| k == "sslmode")
-                    .map(|(_, v)| v.into_owned())
-            })
-            .unwrap_or_else(|| "prefer".into());
+            .get("uri")
+            .and_then(|uri| tls::effective_uri(uri, &source.options).ok())
+            .and_then(|uri| url::Url::parse(&uri).ok())
+            .map_or_else(|| "prefer".into(), |url| tls::mode(&url));
         format!(
             "slot={}, snapshot={}, sslmode={sslmode}",
             source.options.get("slot").unwrap_or("?"),

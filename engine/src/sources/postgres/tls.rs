@@ -69,19 +69,29 @@ pub struct TlsSettings {
     pub key: Option<PathBuf>,
 }
 
+/// `name`'s value in `url`'s query, or else in libpq's environment
+/// (`PG<NAME>`); empty counts as unset.
+fn setting(url: &url::Url, name: &str) -> Option<String> {
+    url.query_pairs()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+        .or_else(|| std::env::var(env_name(name)).ok())
+        .filter(|v| !v.is_empty())
+}
+
+/// The `sslmode` a connection to `url` uses, as libpq reads it (the uri,
+/// else `PGSSLMODE`, else `prefer`), unchecked: what `plan` shows.
+pub fn mode(url: &url::Url) -> String {
+    setting(url, "sslmode").unwrap_or_else(|| "prefer".into())
+}
+
 impl TlsSettings {
     /// The settings `url`'s query (or else libpq's environment) gives;
     /// an unknown `sslmode`, a missing file, or a certificate without its
     /// key is an error naming it.
     pub fn of(url: &url::Url) -> Result<TlsSettings, SourceError> {
-        let get = |name: &str| {
-            url.query_pairs()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.into_owned())
-                .or_else(|| std::env::var(env_name(name)).ok())
-                .filter(|v| !v.is_empty())
-        };
-        let mode = get("sslmode").unwrap_or_else(|| "prefer".into());
+        let get = |name: &str| setting(url, name);
+        let mode = mode(url);
         if !matches!(
             mode.as_str(),
             "disable" | "allow" | "prefer" | "require" | "verify-ca" | "verify-full"
