@@ -1,10 +1,13 @@
 //! A refused certificate, found before the SDK connects: couchbase-rs 1.1
 //! logs a TLS handshake its roots refuse and tries again without end, so
-//! `Cluster::connect` never says why it does not answer. One handshake of
-//! our own with the roots the SDK uses (the built-in web CAs, plus
-//! `ca_cert`'s) to a seed node tells a refused certificate apart, as a
-//! terminal error saying what to set; anything else (a node that is down,
-//! a port that does not answer) is left to the SDK and its retries.
+//! `Cluster::connect` never says why it does not answer. Given CAs
+//! (`ca_cert`, `SSL_CERT_FILE`), the SDK trusts exactly those, so one
+//! handshake of our own with the same roots to a seed node tells a refused
+//! certificate apart, as a terminal error saying what to set; anything
+//! else (a node that is down, a port that does not answer) is left to the
+//! SDK and its retries. Without given CAs the SDK trusts the web CAs plus
+//! Capella's own CA, which it does not export: no probe then, so a Capella
+//! cluster is never refused by a root store that is not the SDK's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,16 +41,15 @@ pub fn seeds(uri: &str) -> Vec<(String, u16)> {
         .collect()
 }
 
-/// Why the first seed that answers refuses TLS with these roots, if its
-/// certificate is what fails: the message, with what to set.
+/// Why the first seed that answers refuses TLS with exactly the CAs
+/// `ca_certs` (what the SDK trusts when given them), if its certificate is
+/// what fails: the message, with what to set.
 pub async fn refused_certificate(
     uri: &str,
-    ca_certs: Option<&[CertificateDer<'static>]>,
+    ca_certs: &[CertificateDer<'static>],
 ) -> Option<String> {
-    let mut roots = RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    for cert in ca_certs.unwrap_or_default() {
+    let mut roots = RootCertStore::empty();
+    for cert in ca_certs {
         roots.add(cert.clone()).ok()?;
     }
     let config = crate::tls::client_config(roots).ok()?;
