@@ -3,19 +3,21 @@
 //! snapshot never holds a long transaction and never blocks the stream.
 //!
 //! Per chunk: a low watermark is written into the WAL
-//! (`pg_logical_emit_message`, non-transactional), the chunk is SELECTed,
-//! and a high watermark is written ([`reader`]: tasks that read ahead, one
-//! table each, several tables at once). The stream loop watches the
-//! table's live changes between the two watermarks of every open window;
-//! when the stream reaches a high watermark — a proof that every transaction committed before it has
-//! been seen, never a timer — the chunk's rows whose key changed inside the
-//! window are dropped (the stream's own events carry their newer state) and
-//! the rest are emitted as `snapshot` rows (op insert, commit_ts NULL) at
-//! the high watermark's position.
+//! (`pg_logical_emit_message`, non-transactional), the chunk is read
+//! (`COPY (SELECT ...) TO STDOUT`), and a high watermark is written
+//! ([`reader`]: tasks that read ahead, across tables and across the key
+//! [`ranges`] of one table). The stream loop watches the table's live
+//! changes from the low watermark of every open window on; when the stream
+//! reaches a high watermark — a proof that every transaction committed
+//! before it has been seen, never a timer — and every chunk before it in
+//! key order is emitted ([`KeyOrder`]), the chunk's rows whose key changed
+//! since its low watermark are dropped (the stream's own events carry
+//! their newer state) and the rest are emitted as `snapshot` rows (op
+//! insert, commit_ts NULL) at the stream's position.
 //!
-//! Why that is right: a chunk row whose key did not change between the
-//! watermarks holds the value the key had at the high watermark; a key
-//! that changed inside the window gets its state from the stream. Changes
+//! Why that is right: a chunk row whose key did not change since the low
+//! watermark holds the value the key has where it is emitted; a key that
+//! changed inside the window gets its state from the stream. Changes
 //! before the window are older than the chunk row and are overwritten by
 //! it; changes after it are applied after it. Upsert sinks therefore end
 //! equal to the source whichever chunk a crash interrupts.
@@ -36,9 +38,12 @@ use super::catalog::{self, PgTable};
 use super::errors;
 use crate::sources::SourceError;
 
+pub mod ranges;
 pub mod reader;
+pub mod rows;
 
 pub use reader::{ChunkReaders, ReadPlan, ReaderSettings};
+pub use rows::ChunkRows;
 
 /// The prefix of the watermark messages.
 pub const WATERMARK_PREFIX: &str = "urutau.watermark";
@@ -96,22 +101,33 @@ impl TableSnapshot {
 }
 
 /// A chunk read between two watermarks, waiting for the stream to reach
-/// the high one.
+/// the high one (and for the chunks before it in key order).
 pub struct Chunk {
     /// The chunk's number in this run (its watermarks carry it).
     pub id: u64,
     /// The index into [`Snapshotter::tables`].
     pub snapshot: usize,
-    pub low: String,
-    pub high: String,
+    /// The key range the chunk belongs to ([`ranges::Split`]) and its
+    /// place in that range: the stream emits a table's chunks in
+    /// (range, piece) order.
+    pub range: u64,
+    pub piece: u64,
     /// Each row's values (text, as pgoutput sends them) by schema column.
-    pub rows: Vec<Vec<Option<Vec<u8>>>>,
-    /// Each row's key, encoded as [`encode_key`] does.
-    pub keys: Vec<Vec<u8>>,
-    /// The last row's key values (the next chunk starts after them).
-    pub last_key: Option<Vec<String>>,
-    /// Fewer rows than asked: the table is done after this chunk.
+    pub rows: ChunkRows,
+    /// The key below which the table is copied once this chunk is emitted
+    /// (`None`: no further than before it).
+    pub resume_after: Option<Vec<String>>,
+    /// Fewer rows than asked: the range is done after this chunk.
+    pub range_done: bool,
+    /// The last range is done: the table is done after this chunk.
     pub last: bool,
+}
+
+impl Chunk {
+    /// Row `row`'s key, encoded as [`encode_key`] does.
+    pub fn key(&self, row: usize, key_indexes: &[usize]) -> Vec<u8> {
+        encode_key(key_indexes.iter().map(|k| self.rows.value(row, *k)))
+    }
 }
 
 /// Encodes a key from its columns' text values (NULL apart from every
@@ -214,12 +230,15 @@ impl Snapshotter {
         let t = &mut self.tables[chunk.snapshot];
         t.started.get_or_insert_with(Instant::now);
         t.copied += emitted as u64;
-        t.progress = match (&chunk.last_key, chunk.last) {
-            (_, true) | (None, _) => SnapshotProgress::Complete,
-            (Some(k), false) => SnapshotProgress::InProgress {
+        if chunk.last {
+            t.progress = SnapshotProgress::Complete;
+        } else if let Some(k) = &chunk.resume_after {
+            t.progress = SnapshotProgress::InProgress {
                 after: Some(k.clone()),
-            },
-        };
+            };
+        } else if matches!(t.progress, SnapshotProgress::NotStarted) {
+            t.progress = SnapshotProgress::InProgress { after: None };
+        }
         publish(&self.metrics, t, self.terminal);
         if t.progress.is_complete() {
             tracing::info!(table = %t.pg, rows = t.copied, rows_per_second = t.rate().map(|r| r.round()), "initial snapshot complete");
@@ -380,6 +399,47 @@ pub struct Window {
     pub touched: HashSet<Vec<u8>>,
 }
 
+/// Chunks whose high watermark the stream has passed, held until every
+/// chunk before them in their table's key order is emitted, so a table's
+/// progress is always one key below which everything is copied (chunks
+/// of several ranges are read at once and may close in any order).
+///
+/// A held chunk's window stays open: a live change of one of its keys
+/// after the high watermark still drops that row, so what is emitted is
+/// the key's state at the moment of emission, as DBLog requires.
+#[derive(Default)]
+pub struct KeyOrder {
+    /// Each table's next chunk to emit: (range, piece).
+    next: HashMap<usize, (u64, u64)>,
+    proved: HashMap<(usize, u64, u64), Chunk>,
+}
+
+impl KeyOrder {
+    /// The stream passed `chunk`'s high watermark.
+    pub fn proved(&mut self, chunk: Chunk) {
+        self.proved
+            .insert((chunk.snapshot, chunk.range, chunk.piece), chunk);
+    }
+
+    /// Chunks held.
+    pub fn len(&self) -> usize {
+        self.proved.len()
+    }
+
+    /// The next chunk of table `snapshot` in key order, once its high
+    /// watermark has passed.
+    pub fn next_ready(&mut self, snapshot: usize) -> Option<Chunk> {
+        let (range, piece) = self.next.get(&snapshot).copied().unwrap_or((0, 0));
+        let chunk = self.proved.remove(&(snapshot, range, piece))?;
+        let next = match chunk.range_done {
+            true => (range + 1, 0),
+            false => (range, piece + 1),
+        };
+        self.next.insert(snapshot, next);
+        Some(chunk)
+    }
+}
+
 /// Every table's committed progress, keyed the way the runner passes it.
 pub type ResumeProgress = HashMap<Vec<String>, SnapshotProgress>;
 
@@ -394,6 +454,40 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(encode_key([None]), encode_key([Some(&b""[..])]));
         assert_eq!(a, encode_key([Some(&b"1"[..]), Some(&b"23"[..])]));
+    }
+
+    fn chunk(snapshot: usize, range: u64, piece: u64, range_done: bool) -> Chunk {
+        Chunk {
+            id: range * 10 + piece,
+            snapshot,
+            range,
+            piece,
+            rows: ChunkRows::new(1),
+            resume_after: None,
+            range_done,
+            last: false,
+        }
+    }
+
+    #[test]
+    fn chunks_closed_out_of_order_are_emitted_in_key_order() {
+        let mut order = KeyOrder::default();
+        let place = |c: Option<Chunk>| c.map(|c| (c.snapshot, c.range, c.piece));
+        // Range 1 closes before range 0: held.
+        order.proved(chunk(0, 1, 0, true));
+        assert_eq!(place(order.next_ready(0)), None);
+        // Another table's chunks are not held by this one's.
+        order.proved(chunk(1, 0, 0, true));
+        assert_eq!(place(order.next_ready(1)), Some((1, 0, 0)));
+        // Range 0 in two pieces: each frees what follows it.
+        order.proved(chunk(0, 0, 1, true));
+        assert_eq!(place(order.next_ready(0)), None);
+        order.proved(chunk(0, 0, 0, false));
+        assert_eq!(place(order.next_ready(0)), Some((0, 0, 0)));
+        assert_eq!(place(order.next_ready(0)), Some((0, 0, 1)));
+        assert_eq!(place(order.next_ready(0)), Some((0, 1, 0)));
+        assert_eq!(place(order.next_ready(0)), None);
+        assert_eq!(order.len(), 0);
     }
 
     #[test]

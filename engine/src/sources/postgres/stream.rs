@@ -794,41 +794,52 @@ impl Assembler {
         }
     }
 
-    /// The stream reached the high watermark of `chunk` at `lsn`: emits the
-    /// chunk's rows no live change in its window touched; returns how many.
+    /// The stream reached the high watermark of chunk `id`: its window
+    /// must be open (its low watermark came first).
+    fn window_proved(&self, id: u64) -> Result<(), SourceError> {
+        match self.windows.iter().any(|w| w.id == id) {
+            true => Ok(()),
+            false => Err(SourceError::new(format!(
+                "internal: the high watermark of snapshot chunk {id} arrived without its low watermark"
+            ))),
+        }
+    }
+
+    /// Emits `chunk` at `lsn` (its high watermark passed, and every chunk
+    /// before it in its table's key order is emitted): the rows no live
+    /// change touched since its low watermark; returns how many. Its
+    /// window closes.
     fn close_window(&mut self, chunk: &Chunk, lsn: u64) -> Result<usize, SourceError> {
+        self.window_proved(chunk.id)?;
         let at = self
             .windows
             .iter()
             .position(|w| w.id == chunk.id)
-            .ok_or_else(|| {
-                SourceError::new(format!(
-                    "internal: the high watermark of snapshot chunk {} arrived without its low watermark",
-                    chunk.id
-                ))
-            })?;
+            .expect("checked");
         let window = self.windows.remove(at);
-        self.snapshot_rows(window.table, chunk, &window.touched, lsn)
+        self.snapshot_rows(window.table, chunk, &window.touched, &window.key, lsn)
     }
 
-    /// Appends the rows of `chunk` (of builder `table`) whose key is not in
-    /// `touched` as snapshot rows of one transaction at `lsn` (or after the
-    /// newest closed one); returns how many.
+    /// Appends the rows of `chunk` (of builder `table`) whose key (by the
+    /// schema indexes `key`) is not in `touched` as snapshot rows of one
+    /// transaction at `lsn` (or after the newest closed one); returns how
+    /// many.
     fn snapshot_rows(
         &mut self,
         table: usize,
         chunk: &Chunk,
         touched: &std::collections::HashSet<Vec<u8>>,
+        key: &[usize],
         lsn: u64,
     ) -> Result<usize, SourceError> {
         let b = &mut self.builders[table];
         let mut emitted = 0usize;
-        for (row, key) in chunk.rows.iter().zip(&chunk.keys) {
-            if touched.contains(key) {
+        for row in 0..chunk.rows.len() {
+            if !touched.is_empty() && touched.contains(&chunk.key(row, key)) {
                 continue;
             }
-            for (i, value) in row.iter().enumerate() {
-                b.columns[i].append(value.as_deref()).map_err(|e| {
+            for (i, value) in chunk.rows.row(row).enumerate() {
+                b.columns[i].append(value).map_err(|e| {
                     SourceError::new(format!(
                         "{} (snapshot): column {}: {e}",
                         b.cfg.pg, b.cfg.schema.columns[i].name.name
@@ -1139,12 +1150,15 @@ async fn stream(
         .as_ref()
         .filter(|s| !s.all_complete())
         .map(|s| spawn_readers(&cfg, s));
+    // Chunks whose window closed wait in `in_order` for the chunks before
+    // them in key order (counted in the bound too).
     let held_chunks = cfg.snapshot_parallelism.max(1) * snapshot::READ_AHEAD_PER_READER;
     let mut chunks: HashMap<u64, Chunk> = HashMap::new();
+    let mut in_order = snapshot::KeyOrder::default();
     loop {
         let event = tokio::select! {
             ev = client.recv() => Some(ev),
-            chunk = next_chunk(&mut readers), if chunks.len() < held_chunks => {
+            chunk = next_chunk(&mut readers), if chunks.len() + in_order.len() < held_chunks => {
                 match chunk {
                     Some(chunk) => {
                         let chunk = chunk?;
@@ -1227,14 +1241,22 @@ async fn stream(
                                 touched: Default::default(),
                             });
                         } else if let Some(id) = snapshot::reader::parse_high(&snap.run, &content) {
+                            a.window_proved(id)?;
                             let chunk = match chunks.remove(&id) {
                                 Some(c) => c,
                                 None => wait_for_chunk(&mut readers, &mut chunks, id).await?,
                             };
-                            let emitted = a.close_window(&chunk, lsn.0)?;
-                            snap.chunk_done(&chunk, emitted);
-                            a.snapshot_progress = snap.progress();
-                            a.snapshot_moved = true;
+                            let table = chunk.snapshot;
+                            in_order.proved(chunk);
+                            // Emitted in key order: this chunk and the ones
+                            // it held back, or none while one before it is
+                            // still open (their windows keep watching).
+                            while let Some(chunk) = in_order.next_ready(table) {
+                                let emitted = a.close_window(&chunk, lsn.0)?;
+                                snap.chunk_done(&chunk, emitted);
+                                a.snapshot_progress = snap.progress();
+                                a.snapshot_moved = true;
+                            }
                         }
                     }
                 }
@@ -1309,7 +1331,7 @@ async fn stream(
 /// Starts the chunk readers over the tables `snap` has left to copy.
 fn spawn_readers(cfg: &StreamCfg, snap: &Snapshotter) -> ChunkReaders {
     let plans = snap.read_plans();
-    let parallelism = cfg.snapshot_parallelism.clamp(1, plans.len().max(1));
+    let parallelism = cfg.snapshot_parallelism.max(1);
     ChunkReaders::spawn(
         ReaderSettings {
             uri: cfg.uri.clone(),

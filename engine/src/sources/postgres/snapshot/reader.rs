@@ -10,23 +10,29 @@
 //! walsender sends the watermark at once (a non-transactional logical
 //! message alone waits for the WAL writer, up to `wal_writer_delay`).
 //!
-//! A table is read by one reader, in key order, so its windows close in
-//! order and its progress stays one key. Several tables are read at once
-//! by up to `snapshot_parallelism` readers.
+//! Up to `snapshot_parallelism` readers work at once, across the tables
+//! and across the key ranges of one table ([`super::ranges`]): a reader
+//! takes the next range not taken and copies it chunk after chunk, each
+//! chunk `COPY (SELECT ... ORDER BY key LIMIT n) TO STDOUT` in text
+//! format (the server's cheapest way out; the values are the same text
+//! SELECT and pgoutput give). Chunks of a table may close out of key
+//! order; the stream emits them in key order.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::TryStreamExt;
+use sqlx::Executor;
 use sqlx::postgres::PgConnection;
-use sqlx::{Executor, ValueRef};
 use tokio::sync::mpsc;
 use urutau_planner::progress::SnapshotProgress;
 
 use super::super::catalog::{self, PgTable, quote_ident};
 use super::super::errors;
-use super::{Chunk, KeyColumn, WATERMARK_PREFIX, encode_key};
+use super::ranges::{self, Split};
+use super::rows::ChunkRows;
+use super::{Chunk, KeyColumn, WATERMARK_PREFIX};
 use crate::sources::SourceError;
 
 /// What a reader needs to copy one table.
@@ -91,32 +97,117 @@ pub struct ReaderSettings {
     pub uri: String,
     pub run: String,
     pub chunk_rows: usize,
-    /// Readers (sessions) at most; never more than the tables to copy.
+    /// Readers (sessions) at most.
     pub parallelism: usize,
     /// Chunks read ahead of the stream (the channel's capacity).
     pub read_ahead: usize,
-    /// A pause between a chunk's SELECT and its high watermark (tests).
+    /// A pause between a chunk's read and its high watermark (tests).
     pub window_pause: Option<Duration>,
+}
+
+/// A table's place in the shared work: how its keys are split (once the
+/// first reader to reach it has asked) and the next range to hand out.
+struct TableWork {
+    plan: ReadPlan,
+    split: SplitState,
+    next_range: u64,
+}
+
+enum SplitState {
+    NotAsked,
+    Asking,
+    Known(Split),
+}
+
+/// One range of one table, as a reader copies it.
+struct RangeWork {
+    plan: ReadPlan,
+    split: Split,
+    range: u64,
+}
+
+/// What a reader does next.
+enum Next {
+    Copy(RangeWork),
+    Split(usize),
+    /// Another reader is splitting the only table left: look again soon.
+    Wait,
+    Done,
+}
+
+/// The tables to copy, shared by the readers.
+struct Work {
+    tables: Mutex<Vec<TableWork>>,
+}
+
+impl Work {
+    /// The first range not yet handed out, in table order; a table not yet
+    /// split is split first (by the reader that reaches it).
+    fn next(&self) -> Next {
+        let mut tables = self.tables.lock().expect("work lock");
+        let mut waiting = false;
+        for (i, t) in tables.iter_mut().enumerate() {
+            match &t.split {
+                SplitState::NotAsked => {
+                    t.split = SplitState::Asking;
+                    return Next::Split(i);
+                }
+                SplitState::Asking => waiting = true,
+                SplitState::Known(split) if t.next_range < split.count() => {
+                    t.next_range += 1;
+                    return Next::Copy(RangeWork {
+                        plan: t.plan.clone(),
+                        split: split.clone(),
+                        range: t.next_range - 1,
+                    });
+                }
+                SplitState::Known(_) => {}
+            }
+        }
+        if waiting { Next::Wait } else { Next::Done }
+    }
+
+    /// Records how table `i` (as [`Work::next`] numbered it) is split.
+    fn split_known(&self, i: usize, split: Split) {
+        let mut tables = self.tables.lock().expect("work lock");
+        tables[i].split = SplitState::Known(split);
+    }
+
+    /// The plan of table `i`, to split.
+    fn plan(&self, i: usize) -> ReadPlan {
+        self.tables.lock().expect("work lock")[i].plan.clone()
+    }
 }
 
 impl ChunkReaders {
     /// Starts the readers over `plans` (tables handed out in order).
     pub fn spawn(settings: ReaderSettings, plans: Vec<ReadPlan>) -> ChunkReaders {
         let (tx, rx) = mpsc::channel(settings.read_ahead.max(1));
-        let readers = settings.parallelism.clamp(1, plans.len().max(1));
-        let queue = Arc::new(Mutex::new(plans.into_iter().collect::<VecDeque<_>>()));
+        let readers = settings.parallelism.max(1);
+        let work = Arc::new(Work {
+            tables: Mutex::new(
+                plans
+                    .into_iter()
+                    .map(|plan| TableWork {
+                        plan,
+                        split: SplitState::NotAsked,
+                        next_range: 0,
+                    })
+                    .collect(),
+            ),
+        });
         let ids = Arc::new(AtomicU64::new(0));
         let settings = Arc::new(settings);
         let tasks = (0..readers)
             .map(|_| {
-                let (tx, queue, ids, settings) = (
+                let (tx, work, ids, settings) = (
                     tx.clone(),
-                    Arc::clone(&queue),
+                    Arc::clone(&work),
                     Arc::clone(&ids),
                     Arc::clone(&settings),
                 );
                 tokio::spawn(async move {
-                    if let Err(e) = read_tables(&settings, &queue, &ids, &tx).await {
+                    if let Err(e) = read_ranges(&settings, &work, &ids, &tx).await {
                         let _ = tx.send(Err(e)).await;
                     }
                 })
@@ -126,49 +217,129 @@ impl ChunkReaders {
     }
 }
 
-/// One reader: takes tables from `queue` until none is left.
-async fn read_tables(
+/// One reader: copies ranges until none is left.
+async fn read_ranges(
     settings: &ReaderSettings,
-    queue: &Mutex<VecDeque<ReadPlan>>,
+    work: &Work,
     ids: &AtomicU64,
     tx: &mpsc::Sender<Result<Chunk, SourceError>>,
 ) -> Result<(), SourceError> {
-    let next = || queue.lock().expect("queue lock").pop_front();
-    let Some(mut plan) = next() else {
-        return Ok(());
-    };
-    let mut conn = open_session(&settings.uri).await?;
+    let mut conn: Option<PgConnection> = None;
     loop {
+        let job = match work.next() {
+            Next::Done => break,
+            Next::Wait => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+            Next::Split(i) => {
+                let plan = work.plan(i);
+                let c = session(&mut conn, &settings.uri).await?;
+                let split = ranges::split(
+                    c,
+                    &plan.pg,
+                    &plan.key,
+                    plan.after.as_deref(),
+                    settings.chunk_rows,
+                )
+                .await?;
+                tracing::debug!(table = %plan.pg, ranges = split.count(), "snapshot key ranges");
+                work.split_known(i, split);
+                continue;
+            }
+            Next::Copy(job) => job,
+        };
+        let c = session(&mut conn, &settings.uri).await?;
+        if !copy_range(settings, c, ids, tx, job).await? {
+            break;
+        }
+    }
+    if let Some(conn) = conn {
+        catalog::close(conn).await;
+    }
+    Ok(())
+}
+
+/// The reader's session, opened at its first use.
+async fn session<'a>(
+    conn: &'a mut Option<PgConnection>,
+    uri: &str,
+) -> Result<&'a mut PgConnection, SourceError> {
+    if conn.is_none() {
+        *conn = Some(open_session(uri).await?);
+    }
+    Ok(conn.as_mut().expect("opened"))
+}
+
+/// Copies one range chunk after chunk, each between its watermarks;
+/// false once the stream is gone.
+async fn copy_range(
+    settings: &ReaderSettings,
+    conn: &mut PgConnection,
+    ids: &AtomicU64,
+    tx: &mpsc::Sender<Result<Chunk, SourceError>>,
+    job: RangeWork,
+) -> Result<bool, SourceError> {
+    let RangeWork { plan, split, range } = job;
+    let (lower, upper) = split.bounds(range);
+    let last_range = range + 1 == split.count();
+    // Range 0 starts after the committed key; the others above their
+    // lower bound.
+    let mut after = if range == 0 { plan.after.clone() } else { None };
+    for piece in 0.. {
         let id = ids.fetch_add(1, Ordering::Relaxed) + 1;
         let (low, high) = watermarks(&settings.run, id, plan.snapshot);
-        emit(&mut conn, &low, false).await?;
-        let sql = chunk_sql(&plan, settings.chunk_rows);
-        let result = Executor::fetch_all(&mut conn, sqlx::raw_sql(&sql))
-            .await
-            .map_err(|e| errors::sql(&format!("reading a snapshot chunk of {}", plan.pg), &e))?;
+        emit(conn, &low, false).await?;
+        let bounds = Bounds {
+            after: after.as_deref(),
+            lower: if after.is_none() { lower } else { None },
+            upper,
+        };
+        let rows = copy_chunk(conn, &plan, &bounds, settings.chunk_rows).await?;
         if let Some(pause) = settings.window_pause {
             // Tests widen the window so live changes land inside it.
             tokio::time::sleep(pause).await;
         }
-        emit(&mut conn, &high, true).await?;
-        let mut chunk = to_chunk(&plan, &result, settings.chunk_rows)?;
-        chunk.id = id;
-        chunk.low = low;
-        chunk.high = high;
-        let last = chunk.last;
-        plan.after = chunk.last_key.clone().or(plan.after);
+        emit(conn, &high, true).await?;
+        let range_done = rows.len() < settings.chunk_rows;
+        let last_key = last_key(&plan, &rows)?;
+        // The key below which the table is copied once this chunk is in:
+        // the range's upper bound when the range is done and the key is
+        // that one column, else the chunk's last key.
+        let resume_after = match (range_done, upper) {
+            (true, Some(u)) if plan.key.len() == 1 => Some(vec![u.to_string()]),
+            _ => last_key.clone(),
+        };
+        if last_key.is_some() {
+            after = last_key;
+        }
+        let chunk = Chunk {
+            id,
+            snapshot: plan.snapshot,
+            range,
+            piece,
+            rows,
+            resume_after,
+            range_done,
+            last: range_done && last_range,
+        };
         if tx.send(Ok(chunk)).await.is_err() {
+            return Ok(false);
+        }
+        if range_done {
             break;
         }
-        if last {
-            match next() {
-                Some(p) => plan = p,
-                None => break,
-            }
-        }
     }
-    catalog::close(conn).await;
-    Ok(())
+    Ok(true)
+}
+
+/// Where a chunk's rows lie: after a key (the previous chunk's last, or
+/// the committed one), else above `lower` on the first key column; at or
+/// below `upper` on it.
+struct Bounds<'a> {
+    after: Option<&'a [String]>,
+    lower: Option<i128>,
+    upper: Option<i128>,
 }
 
 /// A snapshot session: text output as the replication session's, and
@@ -201,25 +372,62 @@ async fn emit(conn: &mut PgConnection, content: &str, flush: bool) -> Result<(),
 }
 
 /// The first `limit` rows of each table's next chunk, read by the chunk's
-/// own `SELECT` and nothing else (no watermark, nothing recorded): the
+/// own query and nothing else (no watermark, nothing recorded): the
 /// preview's snapshot rows.
 pub async fn peek(uri: &str, plans: &[ReadPlan], limit: usize) -> Result<Vec<Chunk>, SourceError> {
     let mut conn = open_session(uri).await?;
     let mut chunks = Vec::new();
     for plan in plans {
-        let result = Executor::fetch_all(&mut conn, sqlx::raw_sql(&chunk_sql(plan, limit)))
-            .await
-            .map_err(|e| errors::sql(&format!("reading the first rows of {}", plan.pg), &e))?;
-        chunks.push(to_chunk(plan, &result, limit)?);
+        let bounds = Bounds {
+            after: plan.after.as_deref(),
+            lower: None,
+            upper: None,
+        };
+        let rows = copy_chunk(&mut conn, plan, &bounds, limit).await?;
+        let last = rows.len() < limit;
+        chunks.push(Chunk {
+            id: 0,
+            snapshot: plan.snapshot,
+            range: 0,
+            piece: 0,
+            resume_after: last_key(plan, &rows)?,
+            rows,
+            range_done: last,
+            last,
+        });
     }
     catalog::close(conn).await;
     Ok(chunks)
 }
 
-/// The `SELECT` of a table's next `limit` rows in key order, after the
-/// last key copied. The simple query protocol: values arrive as text,
-/// produced by the same output functions pgoutput uses.
-fn chunk_sql(plan: &ReadPlan, limit: usize) -> String {
+/// Reads a chunk: the first `limit` rows within `bounds` in key order.
+async fn copy_chunk(
+    conn: &mut PgConnection,
+    plan: &ReadPlan,
+    bounds: &Bounds<'_>,
+    limit: usize,
+) -> Result<ChunkRows, SourceError> {
+    let sql = format!("COPY ({}) TO STDOUT", chunk_sql(plan, bounds, limit));
+    let what = || format!("reading a snapshot chunk of {}", plan.pg);
+    let mut rows = ChunkRows::new(plan.columns.len());
+    let mut lines = conn
+        .copy_out_raw(&sql)
+        .await
+        .map_err(|e| errors::sql(&what(), &e))?;
+    while let Some(line) = lines
+        .try_next()
+        .await
+        .map_err(|e| errors::sql(&what(), &e))?
+    {
+        rows.push_copy_line(&line)
+            .map_err(|e| SourceError::new(format!("{}: {e}", what())))?;
+    }
+    Ok(rows)
+}
+
+/// The `SELECT` of a chunk: the first `limit` rows within `bounds`, in key
+/// order (dropped columns as NULL).
+fn chunk_sql(plan: &ReadPlan, bounds: &Bounds<'_>, limit: usize) -> String {
     let columns: Vec<String> = plan
         .columns
         .iter()
@@ -229,16 +437,20 @@ fn chunk_sql(plan: &ReadPlan, limit: usize) -> String {
         })
         .collect();
     let order: Vec<String> = plan.key.iter().map(|k| quote_ident(&k.name)).collect();
-    let filter = match &plan.after {
-        None => String::new(),
-        Some(values) => {
-            let bounds: Vec<String> = values
-                .iter()
-                .zip(&plan.key)
-                .map(|(v, k)| format!("{}::{}", literal(v), k.type_name))
-                .collect();
-            format!(" WHERE ({}) > ({})", order.join(", "), bounds.join(", "))
-        }
+    let first = &order[0];
+    let mut filters = Vec::new();
+    if let Some(values) = bounds.after {
+        filters.push(ranges::after_filter(&plan.key, values));
+    }
+    if let Some(l) = bounds.lower {
+        filters.push(format!("{first} > {l}"));
+    }
+    if let Some(u) = bounds.upper {
+        filters.push(format!("{first} <= {u}"));
+    }
+    let filter = match filters.is_empty() {
+        true => String::new(),
+        false => format!(" WHERE {}", filters.join(" AND ")),
     };
     format!(
         "SELECT {} FROM {}{filter} ORDER BY {} LIMIT {limit}",
@@ -248,65 +460,22 @@ fn chunk_sql(plan: &ReadPlan, limit: usize) -> String {
     )
 }
 
-/// A chunk from its `SELECT`'s rows (`limit` asked for).
-fn to_chunk(
-    plan: &ReadPlan,
-    result: &[sqlx::postgres::PgRow],
-    limit: usize,
-) -> Result<Chunk, SourceError> {
-    let pg = &plan.pg;
-    let key_indexes: Vec<usize> = plan.key.iter().map(|k| k.schema_index).collect();
-    let mut rows = Vec::with_capacity(result.len());
-    let mut keys = Vec::with_capacity(result.len());
-    for r in result {
-        let mut values = Vec::with_capacity(plan.columns.len());
-        for (c, name) in plan.columns.iter().enumerate() {
-            let fail = |e: &dyn std::fmt::Display| {
-                SourceError::new(format!("{pg}: snapshot column {name}: {e}"))
-            };
-            let raw = sqlx::Row::try_get_raw(r, c).map_err(|e| fail(&e))?;
-            values.push(if raw.is_null() {
-                None
-            } else {
-                Some(raw.as_bytes().map_err(|e| fail(&e))?.to_vec())
-            });
-        }
-        keys.push(encode_key(
-            key_indexes.iter().map(|k| values[*k].as_deref()),
-        ));
-        rows.push(values);
-    }
-    let last_key = match rows.last() {
-        Some(row) => Some(
-            key_indexes
-                .iter()
-                .map(|k| {
-                    row[*k]
-                        .as_deref()
-                        .map(|b| String::from_utf8_lossy(b).into_owned())
-                        .ok_or_else(|| {
-                            SourceError::new(format!("{pg}: a primary key value is NULL"))
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-        None => None,
+/// The key values of a chunk's last row (the next chunk starts after it).
+fn last_key(plan: &ReadPlan, rows: &ChunkRows) -> Result<Option<Vec<String>>, SourceError> {
+    let Some(row) = rows.len().checked_sub(1) else {
+        return Ok(None);
     };
-    Ok(Chunk {
-        id: 0,
-        snapshot: plan.snapshot,
-        low: String::new(),
-        high: String::new(),
-        last: rows.len() < limit,
-        rows,
-        keys,
-        last_key,
-    })
-}
-
-/// A SQL string literal.
-fn literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
+    plan.key
+        .iter()
+        .map(|k| {
+            rows.value(row, k.schema_index)
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .ok_or_else(|| {
+                    SourceError::new(format!("{}: a primary key value is NULL", plan.pg))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 /// Where a table's copy starts from its committed progress.
@@ -320,11 +489,6 @@ pub fn start_after(progress: &SnapshotProgress) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn literals_double_quotes() {
-        assert_eq!(literal("o'brien"), "'o''brien'");
-    }
 
     #[test]
     fn watermarks_parse_back_only_for_their_run() {

@@ -320,7 +320,7 @@ async fn snapshot_rows(
     let snap = Snapshotter::open(&cfg.uri, targets, cfg.metrics.clone()).await?;
     let none = HashSet::new();
     for chunk in snapshot::reader::peek(&cfg.uri, &snap.read_plans(), rows).await? {
-        a.snapshot_rows(snap.tables[chunk.snapshot].table, &chunk, &none, at)?;
+        a.snapshot_rows(snap.tables[chunk.snapshot].table, &chunk, &none, &[], at)?;
     }
     Ok(())
 }
