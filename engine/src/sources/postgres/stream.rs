@@ -794,15 +794,14 @@ impl Assembler {
         }
     }
 
-    /// The stream reached the high watermark of chunk `id`: its window
-    /// must be open (its low watermark came first).
-    fn window_proved(&self, id: u64) -> Result<(), SourceError> {
-        match self.windows.iter().any(|w| w.id == id) {
-            true => Ok(()),
-            false => Err(SourceError::new(format!(
+    /// The place of chunk `id`'s window: it must be open (its low
+    /// watermark came first).
+    fn window_of(&self, id: u64) -> Result<usize, SourceError> {
+        self.windows.iter().position(|w| w.id == id).ok_or_else(|| {
+            SourceError::new(format!(
                 "internal: the high watermark of snapshot chunk {id} arrived without its low watermark"
-            ))),
-        }
+            ))
+        })
     }
 
     /// Emits `chunk` at `lsn` (its high watermark passed, and every chunk
@@ -810,13 +809,7 @@ impl Assembler {
     /// change touched since its low watermark; returns how many. Its
     /// window closes.
     fn close_window(&mut self, chunk: &Chunk, lsn: u64) -> Result<usize, SourceError> {
-        self.window_proved(chunk.id)?;
-        let at = self
-            .windows
-            .iter()
-            .position(|w| w.id == chunk.id)
-            .expect("checked");
-        let window = self.windows.remove(at);
+        let window = self.windows.remove(self.window_of(chunk.id)?);
         self.snapshot_rows(window.table, chunk, &window.touched, &window.key, lsn)
     }
 
@@ -1241,7 +1234,7 @@ async fn stream(
                                 touched: Default::default(),
                             });
                         } else if let Some(id) = snapshot::reader::parse_high(&snap.run, &content) {
-                            a.window_proved(id)?;
+                            a.window_of(id)?;
                             let chunk = match chunks.remove(&id) {
                                 Some(c) => c,
                                 None => wait_for_chunk(&mut readers, &mut chunks, id).await?,

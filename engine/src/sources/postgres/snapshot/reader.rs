@@ -129,7 +129,8 @@ struct RangeWork {
 /// What a reader does next.
 enum Next {
     Copy(RangeWork),
-    Split(usize),
+    /// Split table `i` (as [`Work::next`] numbers it), whose plan this is.
+    Split(usize, ReadPlan),
     /// Another reader is splitting the only table left: look again soon.
     Wait,
     Done,
@@ -150,7 +151,7 @@ impl Work {
             match &t.split {
                 SplitState::NotAsked => {
                     t.split = SplitState::Asking;
-                    return Next::Split(i);
+                    return Next::Split(i, t.plan.clone());
                 }
                 SplitState::Asking => waiting = true,
                 SplitState::Known(split) if t.next_range < split.count() => {
@@ -171,11 +172,6 @@ impl Work {
     fn split_known(&self, i: usize, split: Split) {
         let mut tables = self.tables.lock().expect("work lock");
         tables[i].split = SplitState::Known(split);
-    }
-
-    /// The plan of table `i`, to split.
-    fn plan(&self, i: usize) -> ReadPlan {
-        self.tables.lock().expect("work lock")[i].plan.clone()
     }
 }
 
@@ -232,8 +228,7 @@ async fn read_ranges(
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 continue;
             }
-            Next::Split(i) => {
-                let plan = work.plan(i);
+            Next::Split(i, plan) => {
                 let c = session(&mut conn, &settings.uri).await?;
                 let split = ranges::split(
                     c,
