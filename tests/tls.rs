@@ -494,17 +494,20 @@ async fn an_iceberg_rest_catalog_over_https_is_trusted_through_ca_cert_or_ssl_ce
 }
 
 /// SeaweedFS's REST catalog and S3 both behind https (TLS fronts with the
-/// harness CA's certificate): the catalog trusted through `ca_cert`, S3
-/// through `SSL_CERT_FILE` (its client trusts the system's CAs and that
-/// file); DuckDB reads the table back. Without `SSL_CERT_FILE` the S3
-/// client refuses the certificate: exit 1 at once (not retried), saying
-/// to set `SSL_CERT_FILE`.
+/// harness CA's certificate): both trusted through `ca_cert`, or through
+/// `SSL_CERT_FILE`; DuckDB reads the table back. With the catalog on plain
+/// http, an S3 client given another CA, or none (the system's CAs),
+/// refuses the object store's certificate: exit 1 at once (not retried),
+/// saying to set `ca_cert`. No key appears in any output.
 #[tokio::test]
-async fn iceberg_on_s3_over_https_trusts_ssl_cert_file() {
+async fn iceberg_on_s3_over_https_trusts_ca_cert_or_ssl_cert_file() {
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let certs = common::certs(&dir.path().join("certs"));
-    let ca = certs["ca"].as_str().unwrap();
+    let (ca, other_ca) = (
+        certs["ca"].as_str().unwrap(),
+        certs["other_ca"].as_str().unwrap(),
+    );
     let server = common::Seaweed::start(&python, &dir.path().join("seaweed"));
     let host_port = |url: String| {
         url.trim_start_matches("http://")
@@ -514,34 +517,51 @@ async fn iceberg_on_s3_over_https_trusts_ssl_cert_file() {
     let catalog_front = common::TlsFront::start(&certs, &host_port(server.iceberg_uri()));
     let s3_front = common::TlsFront::start(&certs, &host_port(server.s3_endpoint()));
     let (id, secret) = server.credential();
-    let options = format!(
-        "uri = 'https://{}', warehouse = '{}', client_id = '{id}', client_secret = '{secret}',
+    let options = |catalog: &str, ca_cert: Option<&str>| {
+        let ca_cert = ca_cert
+            .map(|f| format!(", ca_cert = '{f}'"))
+            .unwrap_or_default();
+        format!(
+            "uri = '{catalog}', warehouse = '{}', client_id = '{id}', client_secret = '{secret}',
   s3_endpoint = 'https://{}', s3_region = 'us-east-1', s3_path_style = true,
-  s3_access_key_id = '{id}', s3_secret_access_key = '{secret}', ca_cert = '{ca}', retry_timeout = '3s'",
-        catalog_front.addr,
-        server.warehouse(),
-        s3_front.addr
-    );
-
-    let p = rest_pipeline(&dir.path().join("env"), "on_s3", &options);
-    let (code, said) = run_with_ssl_cert_file(&p, Some(ca));
-    assert_eq!(code, Some(0), "{said}");
-    assert!(!said.contains(&secret), "{said}");
+  s3_access_key_id = '{id}', s3_secret_access_key = '{secret}', retry_timeout = '3s'{ca_cert}",
+            server.warehouse(),
+            s3_front.addr
+        )
+    };
+    let https = format!("https://{}", catalog_front.addr);
     let want: Vec<(i64, String)> = ORDERS.iter().map(|(i, s)| (*i, s.to_string())).collect();
-    assert_eq!(id_status(&server.rows("bronze.on_s3", "id")), want);
 
-    let p = rest_pipeline(&dir.path().join("no_env"), "no_env", &options);
-    let (code, said) = run_with_ssl_cert_file(&p, None);
-    assert_eq!(code, Some(1), "{said}");
-    assert!(
-        said.contains("the object store refused: the server's certificate is not signed by a CA the sink trusts: set SSL_CERT_FILE"),
-        "{said}"
-    );
-    assert!(
-        !said.contains("transient failure: retrying"),
-        "retried: {said}"
-    );
-    assert!(!said.contains(&secret), "{said}");
+    // ca_cert alone (SSL_CERT_FILE unset), then SSL_CERT_FILE alone.
+    for (table, ca_cert, env) in [("by_ca_cert", Some(ca), None), ("by_env", None, Some(ca))] {
+        let p = rest_pipeline(&dir.path().join(table), table, &options(&https, ca_cert));
+        let (code, said) = run_with_ssl_cert_file(&p, env);
+        assert_eq!(code, Some(0), "{table}: {said}");
+        assert!(!said.contains(&secret), "{said}");
+        assert_eq!(
+            id_status(&server.rows(&format!("bronze.{table}"), "id")),
+            want,
+            "{table}"
+        );
+    }
+
+    // The catalog on plain http: only the object store's certificate is
+    // checked, against another CA or the system's.
+    let http = server.iceberg_uri();
+    for (table, ca_cert) in [("other_ca", Some(other_ca)), ("no_ca", None)] {
+        let p = rest_pipeline(&dir.path().join(table), table, &options(&http, ca_cert));
+        let (code, said) = run_with_ssl_cert_file(&p, None);
+        assert_eq!(code, Some(1), "{table}: {said}");
+        assert!(
+            said.contains("the object store refused: the server's certificate is not signed by a CA the sink trusts: set ca_cert"),
+            "{table}: {said}"
+        );
+        assert!(
+            !said.contains("transient failure: retrying"),
+            "{table}: retried: {said}"
+        );
+        assert!(!said.contains(&secret), "{said}");
+    }
 }
 
 /// [`shop_pipeline`] into Couchbase at `sink_options`, bucket `shop`,

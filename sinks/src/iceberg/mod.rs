@@ -50,16 +50,15 @@ use maintenance::Maintenance;
 
 /// Maps an error of the iceberg crate (or any other) into a sink error with
 /// what was being done. A certificate the object store's client refused
-/// (named only deep in the error's causes) is said, with what to set: that
-/// client trusts the system's CAs and `SSL_CERT_FILE`, not `ca_cert`.
+/// (named only deep in the error's causes) is said, with what to set.
 pub(crate) fn io_error<E: std::error::Error + 'static>(
     doing: &'static str,
 ) -> impl Fn(E) -> SinkError {
     move |e| {
         let causes = crate::tls::with_causes(&e);
-        match crate::tls::hint(&causes, "SSL_CERT_FILE") {
+        match crate::tls::hint(&causes, "ca_cert") {
             Some(hint) => SinkError::Io(format!(
-                "{doing}: the object store refused: {hint} (its client trusts the system's CAs and SSL_CERT_FILE; ca_cert is the REST catalog's) ({causes})"
+                "{doing}: the object store refused: {hint} ({causes})"
             )),
             None => SinkError::Io(format!("{doing}: {e}")),
         }
@@ -188,7 +187,7 @@ fn options() -> Vec<OptionDef> {
         OptionDef::new(
             "ca_cert",
             T::String,
-            "REST over https: PEM file of the CA the catalog's certificate is signed by (default: SSL_CERT_FILE, else the built-in web CAs); S3 trusts the system's CAs and SSL_CERT_FILE",
+            "REST and S3 over https: PEM file of the CA(s) the catalog's and the object store's certificates are signed by; both then trust exactly these (default: SSL_CERT_FILE, else the built-in CAs)",
         ),
         OptionDef::new("maintenance_enabled", T::Bool, "run table maintenance"),
         OptionDef::new(

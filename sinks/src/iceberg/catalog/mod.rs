@@ -2,6 +2,7 @@
 //! load and create tables, and commit a metadata change atomically.
 
 mod rest;
+mod s3;
 mod sql;
 mod storage;
 

@@ -4,8 +4,11 @@
 //! they close it: the rules of [`crate::iceberg::durable`] build on that),
 //! `s3://` (and `s3a://`, `s3n://`) through S3 with the table's properties.
 //! A REST catalog's warehouse can be either: its server says where each
-//! table lives.
+//! table lives. S3 with a CA file to trust (`ca_cert`, else
+//! `SSL_CERT_FILE`) goes through [`super::s3::TrustingS3`], whose client
+//! trusts exactly that file, as the catalog's does.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use iceberg::io::{FileIO, FileIOBuilder};
@@ -13,6 +16,7 @@ use iceberg_storage_opendal::OpenDalStorageFactory;
 use urutau_planner::sink::SinkError;
 
 use super::rest::config::Props;
+use super::s3::TrustingS3Factory;
 use crate::iceberg::durable;
 
 /// How a location is stored.
@@ -37,11 +41,21 @@ pub fn kind(location: &str) -> Result<Kind, SinkError> {
 }
 
 /// The file IO of a table at `location`, configured with `props` (S3
-/// endpoint, region, keys...; unused locally).
-pub fn file_io(location: &str, props: &Props) -> Result<FileIO, SinkError> {
-    Ok(match kind(location)? {
-        Kind::Local => FileIO::new_with_fs(),
-        Kind::S3 => FileIOBuilder::new(Arc::new(OpenDalStorageFactory::S3 {
+/// endpoint, region, keys...; unused locally). S3's https client trusts
+/// exactly the certificates of `ca_file` when given, else the system's.
+pub fn file_io(location: &str, props: &Props, ca_file: Option<&Path>) -> Result<FileIO, SinkError> {
+    Ok(match (kind(location)?, ca_file) {
+        (Kind::Local, _) => FileIO::new_with_fs(),
+        (Kind::S3, Some(ca)) => {
+            // The file is read now, so a bad one is said before any write.
+            crate::tls::root_store(ca)?;
+            FileIOBuilder::new(Arc::new(TrustingS3Factory {
+                ca_file: ca.to_path_buf(),
+            }))
+            .with_props(props.clone())
+            .build()
+        }
+        (Kind::S3, None) => FileIOBuilder::new(Arc::new(OpenDalStorageFactory::S3 {
             customized_credential_load: None,
         }))
         .with_props(props.clone())
@@ -69,7 +83,7 @@ mod tests {
     async fn a_local_table_is_written_on_disk() {
         let dir = tempfile::tempdir().unwrap();
         let location = format!("file://{}/t", dir.path().display());
-        let io = file_io(&location, &Props::new()).unwrap();
+        let io = file_io(&location, &Props::new(), None).unwrap();
         io.new_output(format!("{location}/metadata/x.json"))
             .unwrap()
             .write("{}".into())

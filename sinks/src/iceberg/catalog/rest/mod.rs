@@ -57,9 +57,9 @@ pub struct RestConfig {
     pub s3_path_style: Option<bool>,
     pub s3_access_key_id: Option<String>,
     pub s3_secret_access_key: Option<String>,
-    /// The PEM file of the CA whose certificates the catalog's https
-    /// client trusts (`ca_cert`, else `SSL_CERT_FILE`; none: the built-in
-    /// web CAs).
+    /// The PEM file of the CA whose certificates the https clients, the
+    /// catalog's and S3's, trust (`ca_cert`, else `SSL_CERT_FILE`; none:
+    /// the built-in CAs).
     pub ca_cert: Option<String>,
 }
 
@@ -119,6 +119,9 @@ pub struct RestCatalogConn {
     auth: Auth,
     /// Directories of a local warehouse already made durable.
     durable_dirs: durable::DurableDirs,
+    /// The CA file the https clients trust, the catalog's and the object
+    /// store's (`ca_cert`, else `SSL_CERT_FILE`); none: the built-in CAs.
+    ca_file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for RestCatalogConn {
@@ -236,6 +239,7 @@ impl RestCatalogConn {
             props,
             auth,
             durable_dirs: durable::DurableDirs::default(),
+            ca_file: crate::tls::ca_file(config.ca_cert.as_deref()),
         })
     }
 
@@ -309,7 +313,7 @@ impl RestCatalogConn {
             loaded.storage_credentials.as_deref(),
             &location,
         );
-        let file_io = storage::file_io(&location, &props)?;
+        let file_io = storage::file_io(&location, &props, self.ca_file.as_deref())?;
         let err = |e: iceberg::Error| SinkError::Io(format!("loading {ident}: {e}"));
         let builder = Table::builder()
             .identifier(ident.clone())
@@ -520,6 +524,7 @@ mod tests {
             props: Props::new(),
             auth: Auth::default(),
             durable_dirs: durable::DurableDirs::default(),
+            ca_file: None,
         }
     }
 
