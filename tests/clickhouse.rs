@@ -198,6 +198,12 @@ async fn random_upserts_over_https_with_the_test_ca_end_equal_under_final() {
         said.contains("not signed by a CA the sink trusts: set ca_cert"),
         "{said}"
     );
+    assert!(
+        said.contains(&format!(
+            "presented a certificate with subject \"CN=localhost\", issued by \"CN=urutau test CA\", for localhost 127.0.0.1, checked against the CA file {other}"
+        )),
+        "{said}"
+    );
     assert!(!said.contains(&ch.password), "{said}");
 }
 

@@ -204,6 +204,12 @@ async fn tls_problems_are_clear_errors_without_secrets() {
         )),
         "{said}"
     );
+    assert!(
+        said.contains(
+            "the server presented a certificate with subject \"CN=localhost\", issued by \"CN=urutau test CA\", for localhost 127.0.0.1"
+        ),
+        "{said}"
+    );
     assert!(!said.contains(&password), "{said}");
 
     let plain = pipeline(
@@ -394,8 +400,8 @@ fn run_with_ssl_cert_file(p: &Path, ssl_cert_file: Option<&str>) -> (Option<i32>
 
 /// Runs `p` (with `SSL_CERT_FILE` as [`run_with_ssl_cert_file`]): it must
 /// exit 1 at once, not retried, saying the server's certificate is not
-/// signed by a CA it trusts and to set `ca_cert`.
-fn assert_refused_saying_set_ca_cert(p: &Path, ssl_cert_file: Option<&str>) {
+/// signed by a CA it trusts and to set `ca_cert`. Returns what it said.
+fn assert_refused_saying_set_ca_cert(p: &Path, ssl_cert_file: Option<&str>) -> String {
     let (code, said) = run_with_ssl_cert_file(p, ssl_cert_file);
     assert_eq!(code, Some(1), "{}: {said}", p.display());
     assert!(
@@ -409,6 +415,18 @@ fn assert_refused_saying_set_ca_cert(p: &Path, ssl_cert_file: Option<&str>) {
         !said.contains("retrying"),
         "{}: retried: {said}",
         p.display()
+    );
+    said
+}
+
+/// What a refusal names of the harness server's certificate (subject,
+/// issuer, names), checked against `trusted`.
+fn names_the_certificate(said: &str, trusted: &str) {
+    assert!(
+        said.contains(&format!(
+            "presented a certificate with subject \"CN=localhost\", issued by \"CN=urutau test CA\", for localhost 127.0.0.1, checked against {trusted}"
+        )),
+        "{said}"
     );
 }
 
@@ -474,7 +492,12 @@ async fn an_iceberg_rest_catalog_over_https_is_trusted_through_ca_cert_or_ssl_ce
         ("other_env", https.clone(), Some(other_ca)),
     ] {
         let p = rest_pipeline(&dir.path().join(name), name, &options);
-        assert_refused_saying_set_ca_cert(&p, env);
+        let said = assert_refused_saying_set_ca_cert(&p, env);
+        let trusted = match name {
+            "web" => "the built-in web CAs (no ca_cert given)".to_string(),
+            _ => format!("the CA file {other_ca}"),
+        };
+        names_the_certificate(&said, &trusted);
     }
     // Nothing was created by the refused runs.
     let tables = reqwest::get(format!("{}/v1/namespaces/bronze/tables", server.uri()))
@@ -561,6 +584,16 @@ async fn iceberg_on_s3_over_https_trusts_ca_cert_or_ssl_cert_file() {
             "{table}: retried: {said}"
         );
         assert!(!said.contains(&secret), "{said}");
+        // (The harness's S3 key is `urutau`, so the CA's name shows
+        // redacted: the certificate is named up to there.)
+        if let Some(other_ca) = ca_cert {
+            assert!(
+                said.contains(
+                    "presented a certificate with subject \"CN=localhost\", issued by \"CN="
+                ) && said.contains(&format!("checked against the CA file {other_ca}")),
+                "{said}"
+            );
+        }
     }
 }
 
@@ -621,7 +654,17 @@ fn couchbase_over_tls_is_trusted_through_ca_cert() {
             "uri = '{tls}', {login}, ca_cert = '{other_ca}', retry_for = '5s', retry_timeout = '0s'"
         ),
     );
-    assert_refused_saying_set_ca_cert(&p, None);
+    let said = assert_refused_saying_set_ca_cert(&p, None);
+    names_the_certificate(&said, "the given CAs");
+
+    // No CA given: the SDK's own roots (the web CAs) refuse the harness
+    // CA's certificate, said at once instead of the SDK's silent retries.
+    let p = couchbase_pipeline(
+        &dir.path().join("none"),
+        &format!("uri = '{tls}', {login}, retry_for = '5s', retry_timeout = '0s'"),
+    );
+    let said = assert_refused_saying_set_ca_cert(&p, None);
+    names_the_certificate(&said, "the built-in web CAs (no ca_cert given)");
 
     let plain = couchbase_pipeline(
         &dir.path().join("plain"),

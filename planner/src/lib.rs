@@ -10,6 +10,7 @@
 
 pub mod bind;
 pub mod cast;
+pub mod certificate;
 pub mod context;
 pub mod diagnostic;
 pub mod evolution;

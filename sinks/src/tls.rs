@@ -5,11 +5,14 @@
 //! verified: there is no setting that turns verification off.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use rustls::RootCertStore;
-use rustls_pki_types::CertificateDer;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use urutau_planner::certificate;
 use urutau_planner::sink::SinkError;
 
 /// The CA file a sink trusts: its `ca_cert` option, else `SSL_CERT_FILE`,
@@ -57,28 +60,134 @@ pub fn root_store(path: &Path) -> Result<RootCertStore, SinkError> {
     Ok(roots)
 }
 
-/// A TLS client configuration that trusts exactly `roots` (HTTP/1.1).
-pub fn client_config(roots: RootCertStore) -> Result<rustls::ClientConfig, SinkError> {
+/// A TLS client configuration that trusts exactly `roots` (HTTP/1.1);
+/// `trusted` says which they are (`the CA file /etc/ca.pem`) in the error
+/// that refuses a certificate.
+pub fn client_config(
+    roots: RootCertStore,
+    trusted: &str,
+) -> Result<rustls::ClientConfig, SinkError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| SinkError::Unavailable(format!("TLS set-up: {e}")))?;
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| SinkError::Unavailable(format!("TLS set-up: {e}")))?
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Naming {
+            inner: verifier,
+            trusted: trusted.to_string(),
+        }))
         .with_no_client_auth())
 }
 
-/// What to change when `message` is a refused server certificate, for a
-/// sink whose CA option is `option`.
-pub fn hint(message: &str, option: &str) -> Option<String> {
-    if message.contains("UnknownIssuer") {
-        Some(format!(
-            "the server's certificate is not signed by a CA the sink trusts: set {option} to the PEM file of the CA that signed it"
-        ))
-    } else if message.contains("NotValidForName") {
-        Some("the server's certificate does not name the host of the uri: connect by a name the certificate holds".into())
-    } else {
-        None
+/// How [`client_config_web`]'s roots are named in a refusal.
+pub const WEB_CAS: &str = "the built-in web CAs (no ca_cert given)";
+
+/// A TLS client configuration that trusts the built-in web CAs
+/// (webpki-roots, what the HTTP clients trust by default), naming a
+/// refused certificate as [`client_config`] does.
+pub fn client_config_web() -> Result<rustls::ClientConfig, SinkError> {
+    let roots = RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    client_config(roots, WEB_CAS)
+}
+
+/// A TLS client configuration that trusts exactly the CAs of the PEM file
+/// at `path` ([`client_config`] with [`root_store`]).
+pub fn client_config_trusting(path: &Path) -> Result<rustls::ClientConfig, SinkError> {
+    client_config(
+        root_store(path)?,
+        &format!("the CA file {}", path.display()),
+    )
+}
+
+/// The certificate one of our TLS clients refused last, described
+/// ([`Naming`]): what [`hint`] names. Errors of HTTP clients and SDKs
+/// carry only the TLS library's reason, not the certificate.
+static LAST_REFUSED: Mutex<Option<String>> = Mutex::new(None);
+
+/// The description of the last refused certificate, taken.
+fn take_refused() -> Option<String> {
+    LAST_REFUSED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+}
+
+/// Verifies as webpki does (the only judge), and records what a refused
+/// certificate says: subject, issuer, names, and what it was checked
+/// against.
+#[derive(Debug)]
+struct Naming {
+    inner: Arc<WebPkiServerVerifier>,
+    trusted: String,
+}
+
+impl ServerCertVerifier for Naming {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+            .inspect_err(|_| {
+                if let Some(d) = certificate::describe(end_entity) {
+                    *LAST_REFUSED.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!(
+                        "{} presented a certificate with {d}, checked against {}",
+                        server_name.to_str(),
+                        self.trusted
+                    ));
+                }
+            })
     }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// What to change when `message` is a refused server certificate, for a
+/// sink whose CA option is `option`; names the certificate when one of
+/// our clients ([`client_config`]) refused it.
+pub fn hint(message: &str, option: &str) -> Option<String> {
+    let why = if message.contains("UnknownIssuer") {
+        format!(
+            "the server's certificate is not signed by a CA the sink trusts: set {option} to the PEM file of the CA that signed it"
+        )
+    } else if message.contains("NotValidForName") {
+        "the server's certificate does not name the host of the uri: connect by a name the certificate holds".into()
+    } else {
+        return None;
+    };
+    Some(match take_refused() {
+        Some(seen) => format!("{why} ({seen})"),
+        None => why,
+    })
 }
 
 /// An error with its causes: HTTP clients' own words ("error sending

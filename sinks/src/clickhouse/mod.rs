@@ -134,10 +134,10 @@ impl SinkProvider for ClickHouseSinkProvider {
 /// Builds the client a sink spec describes.
 fn client_for(spec: &SinkSpec) -> Result<Client, SinkError> {
     let get = |k: &str| spec.options.get(k).map(str::to_string);
-    let client = match crate::tls::ca_file(spec.options.get("ca_cert")) {
-        Some(ca) => https_client(&ca)?,
-        None => Client::default(),
-    };
+    let client = https_client(match crate::tls::ca_file(spec.options.get("ca_cert")) {
+        Some(ca) => crate::tls::client_config_trusting(&ca)?,
+        None => crate::tls::client_config_web()?,
+    });
     let mut client = client
         .with_url(get("uri").unwrap_or_default())
         .with_user(get("user").unwrap_or_else(|| "default".into()))
@@ -152,11 +152,11 @@ fn client_for(spec: &SinkSpec) -> Result<Client, SinkError> {
 }
 
 /// A client over the HTTP client the `clickhouse` crate builds by default
-/// (keepalive, ClickHouse's idle timeout), trusting the CA in `ca` instead
-/// of the built-in web CAs.
-fn https_client(ca: &std::path::Path) -> Result<Client, SinkError> {
+/// (keepalive, ClickHouse's idle timeout), its TLS ours: trusting the CA
+/// file or the web CAs (as the crate's own), and naming a refused
+/// certificate ([`crate::tls::client_config`]).
+fn https_client(config: rustls::ClientConfig) -> Client {
     use hyper_util::client::legacy::{Client as HyperClient, connect::HttpConnector};
-    let config = crate::tls::client_config(crate::tls::root_store(ca)?)?;
     let mut http = HttpConnector::new();
     http.set_keepalive(Some(std::time::Duration::from_secs(60)));
     http.enforce_http(false);
@@ -165,11 +165,11 @@ fn https_client(ca: &std::path::Path) -> Result<Client, SinkError> {
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
-    Ok(Client::with_http_client(
+    Client::with_http_client(
         HyperClient::builder(hyper_util::rt::TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(2))
             .build(https),
-    ))
+    )
 }
 
 /// Maps a client error, with what was being done.

@@ -20,8 +20,9 @@ const NEW_BUCKET_RAM_MB: u64 = 100;
 
 /// Connects (bounded, retried like every call).
 pub async fn connect(config: &Config, table: &str) -> Result<Cluster, SinkError> {
-    if let Some(cas) = &config.ca_certs
-        && let Some(refusal) = super::tls_probe::refused_certificate(&config.uri, cas).await
+    if super::is_tls(&config.uri)
+        && let Some(refusal) =
+            super::tls_probe::refused_certificate(&config.uri, config.ca_certs.as_deref()).await
     {
         return Err(SinkError::Io(format!(
             "couchbase: connect on table {table} at {}: {refusal}",

@@ -273,7 +273,7 @@ impl Config {
 }
 
 /// Whether `uri` connects over TLS (`couchbases://`).
-fn is_tls(uri: &str) -> bool {
+pub(super) fn is_tls(uri: &str) -> bool {
     uri.get(..13)
         .is_some_and(|s| s.eq_ignore_ascii_case("couchbases://"))
 }

@@ -1,13 +1,14 @@
 //! A refused certificate, found before the SDK connects: couchbase-rs 1.1
 //! logs a TLS handshake its roots refuse and tries again without end, so
-//! `Cluster::connect` never says why it does not answer. Given CAs
-//! (`ca_cert`, `SSL_CERT_FILE`), the SDK trusts exactly those, so one
-//! handshake of our own with the same roots to a seed node tells a refused
-//! certificate apart, as a terminal error saying what to set; anything
-//! else (a node that is down, a port that does not answer) is left to the
-//! SDK and its retries. Without given CAs the SDK trusts the web CAs plus
-//! Capella's own CA, which it does not export: no probe then, so a Capella
-//! cluster is never refused by a root store that is not the SDK's.
+//! `Cluster::connect` never says why it does not answer. One handshake of
+//! our own to a seed node, with the roots the SDK will use, tells a
+//! refused certificate apart, as a terminal error saying what to set;
+//! anything else (a node that is down, a port that does not answer) is
+//! left to the SDK and its retries. Given CAs (`ca_cert`, `SSL_CERT_FILE`),
+//! the SDK trusts exactly those. Without them it trusts the web CAs
+//! (webpki-roots, as here) plus Capella's own CA, which it does not
+//! export: Capella's hosts (`*.cloud.couchbase.com`) are not probed then,
+//! so a Capella cluster is never refused by roots that are not the SDK's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,20 +42,37 @@ pub fn seeds(uri: &str) -> Vec<(String, u16)> {
         .collect()
 }
 
-/// Why the first seed that answers refuses TLS with exactly the CAs
-/// `ca_certs` (what the SDK trusts when given them), if its certificate is
-/// what fails: the message, with what to set.
+/// Capella's host names: the SDK trusts Capella's CA for them.
+const CAPELLA_DOMAIN: &str = ".cloud.couchbase.com";
+
+/// Why the first seed that answers refuses TLS with the roots the SDK
+/// uses (exactly `ca_certs` when given, else the web CAs), if its
+/// certificate is what fails: the message, with what to set.
 pub async fn refused_certificate(
     uri: &str,
-    ca_certs: &[CertificateDer<'static>],
+    ca_certs: Option<&[CertificateDer<'static>]>,
 ) -> Option<String> {
-    let mut roots = RootCertStore::empty();
-    for cert in ca_certs {
-        roots.add(cert.clone()).ok()?;
-    }
-    let config = crate::tls::client_config(roots).ok()?;
+    let (roots, trusted) = match ca_certs {
+        Some(certs) => {
+            let mut roots = RootCertStore::empty();
+            for cert in certs {
+                roots.add(cert.clone()).ok()?;
+            }
+            (roots, "the given CAs")
+        }
+        None => (
+            RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            },
+            crate::tls::WEB_CAS,
+        ),
+    };
+    let config = crate::tls::client_config(roots, trusted).ok()?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     for (host, port) in seeds(uri) {
+        if ca_certs.is_none() && host.to_ascii_lowercase().ends_with(CAPELLA_DOMAIN) {
+            return None;
+        }
         let Ok(name) = ServerName::try_from(host.clone()) else {
             continue;
         };

@@ -77,11 +77,7 @@ pub async fn connect(uri: &str) -> Result<PgConnection, SourceError> {
             if matches!(e, sqlx::Error::Tls(_))
                 || super::tls::is_handshake_failure(&e.to_string()) =>
         {
-            Err(super::tls::failed(
-                "connecting to Postgres",
-                uri,
-                &e.to_string(),
-            ))
+            Err(super::tls::failed("connecting to Postgres", uri, &e.to_string()).await)
         }
         Ok(Err(e)) => Err(super::tls::with_hint(errors::sql(
             "connecting to Postgres",

@@ -35,6 +35,7 @@ pub mod pgtypes;
 mod snapshot;
 mod stream;
 mod tls;
+mod tls_probe;
 
 use std::sync::Arc;
 

@@ -1113,15 +1113,18 @@ async fn stream(
     let rcfg = replication_config(&cfg.uri, &cfg.slot, &cfg.publication)?
         .with_start_lsn(Lsn(start))
         .with_status_interval(Duration::from_secs(1));
-    let mut client = ReplicationClient::connect(rcfg).await.map_err(|e| {
-        let doing = format!("starting replication from slot {}", cfg.slot);
-        match &e {
-            pgwire_replication::PgWireError::Tls(text) => {
-                super::tls::failed(&doing, &cfg.uri, text)
-            }
-            _ => super::tls::with_hint(errors::replication(&doing, &e)),
+    let mut client = match ReplicationClient::connect(rcfg).await {
+        Ok(client) => client,
+        Err(e) => {
+            let doing = format!("starting replication from slot {}", cfg.slot);
+            return Err(match &e {
+                pgwire_replication::PgWireError::Tls(text) => {
+                    super::tls::failed(&doing, &cfg.uri, text).await
+                }
+                _ => super::tls::with_hint(errors::replication(&doing, &e)),
+            });
         }
-    })?;
+    };
     tracing::info!(slot = %cfg.slot, start = %Position::Lsn(start), "streaming");
     cfg.metrics.source_up(&cfg.source_name);
 

@@ -198,15 +198,43 @@ pub fn is_handshake_failure(text: &str) -> bool {
 /// The terminal error of a TLS handshake that failed while `doing`, on
 /// the source whose effective URI is `uri`: what it means and how to fix
 /// it, then the TLS library's words (credentials removed).
-pub fn failed(doing: &str, uri: &str, error: &str) -> SourceError {
-    let why = url::Url::parse(uri)
-        .ok()
-        .and_then(|u| TlsSettings::of(&u).ok())
+/// A refused certificate is named (subject, issuer, names), read by one
+/// more handshake ([`super::tls_probe`]).
+pub async fn failed(doing: &str, uri: &str, error: &str) -> SourceError {
+    let url = url::Url::parse(uri).ok();
+    let mut why = url
+        .as_ref()
+        .and_then(|u| TlsSettings::of(u).ok())
         .map_or_else(|| "TLS failed".to_string(), |s| s.explain(error));
+    if is_certificate_refusal(error)
+        && let Some(url) = &url
+        && let Some(host) = url.host_str()
+        && let Some(seen) = super::tls_probe::server_certificate(
+            host.trim_matches(['[', ']']),
+            url.port().unwrap_or(5432),
+        )
+        .await
+    {
+        why.push_str(&format!("; the server presented a certificate with {seen}"));
+    }
     SourceError::new(format!(
         "{doing}: {why} ({})",
         urutau_planner::options::redact_text(error)
     ))
+}
+
+/// Whether `error` is the server's certificate refused by our side.
+fn is_certificate_refusal(error: &str) -> bool {
+    [
+        "UnknownIssuer",
+        "unknown issuer",
+        "NotValidForName",
+        "not valid for name",
+        "Expired",
+        "expired",
+    ]
+    .iter()
+    .any(|needle| error.contains(needle))
 }
 
 /// `error` with a hint when the server refused an unencrypted connection

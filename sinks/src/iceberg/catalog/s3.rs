@@ -158,8 +158,7 @@ impl TrustingS3 {
 
 /// The https client: trusts exactly the certificates of `ca_file`.
 fn http_client(ca_file: &std::path::Path) -> Result<reqwest013::Client> {
-    let roots = crate::tls::root_store(ca_file).map_err(|e| invalid(e.to_string()))?;
-    let tls = crate::tls::client_config(roots).map_err(|e| invalid(e.to_string()))?;
+    let tls = crate::tls::client_config_trusting(ca_file).map_err(|e| invalid(e.to_string()))?;
     reqwest013::Client::builder()
         .tls_backend_preconfigured(tls)
         .build()

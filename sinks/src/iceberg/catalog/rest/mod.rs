@@ -162,10 +162,10 @@ fn http_error(doing: &'static str) -> impl Fn(reqwest::Error) -> SinkError {
 /// The catalog's HTTP client: one that trusts exactly the CA in `ca_cert`
 /// (else `SSL_CERT_FILE`), or the built-in web CAs without either.
 fn http_client(ca_cert: Option<&str>) -> Result<reqwest::Client, SinkError> {
-    let Some(ca) = crate::tls::ca_file(ca_cert) else {
-        return Ok(reqwest::Client::new());
+    let tls = match crate::tls::ca_file(ca_cert) {
+        Some(ca) => crate::tls::client_config_trusting(&ca)?,
+        None => crate::tls::client_config_web()?,
     };
-    let tls = crate::tls::client_config(crate::tls::root_store(&ca)?)?;
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .build()
