@@ -1292,6 +1292,13 @@ async fn refused_credentials_and_certificates_stop_the_run_naming_the_cause() {
         let (code, output, took) = run_bounded(&p, std::time::Duration::from_secs(90));
         assert_eq!(code, Some(1), "{name}: {output}");
         assert!(output.contains(expected.as_str()), "{name}: {output}");
+        if *name == "ca" {
+            // The certificate is named, read by a handshake of our own.
+            assert!(
+                output.contains("the broker presented a certificate with subject \"CN=localhost\", issued by \"CN=urutau test CA\""),
+                "{name}: {output}"
+            );
+        }
         assert!(
             took < std::time::Duration::from_secs(20),
             "{name}: the refusal took {took:?} to end the run"

@@ -7,6 +7,7 @@ pub mod decode;
 pub mod file;
 pub mod kafka;
 pub mod postgres;
+mod tls_probe;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};

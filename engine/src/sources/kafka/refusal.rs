@@ -76,6 +76,18 @@ fn broker_of(reason: &str) -> Option<&str> {
     addr.contains(':').then_some(addr)
 }
 
+/// What the certificate of the broker at `host:port` says (one more
+/// handshake that trusts nothing, [`crate::sources::tls_probe`]).
+fn presented_certificate(broker: &str) -> Option<urutau_planner::certificate::Described> {
+    use crate::sources::tls_probe::{Preamble, server_certificate};
+    let (host, port) = broker.rsplit_once(':')?;
+    server_certificate(
+        host.trim_matches(['[', ']']),
+        port.parse().ok()?,
+        Preamble::None,
+    )
+}
+
 /// The client context of the Kafka source: keeps the first refusal.
 pub struct Refusals {
     security: Security,
@@ -132,8 +144,14 @@ impl Refusals {
         out
     }
 
-    /// The terminal error of `refusal`; `reason` is librdkafka's words.
-    pub fn explain(&self, refusal: Refusal, reason: &str) -> SourceError {
+    /// The terminal error of `refusal`; `reason` is librdkafka's words,
+    /// `seen` what the broker's certificate says when it was read.
+    pub fn explain(
+        &self,
+        refusal: Refusal,
+        reason: &str,
+        seen: Option<&urutau_planner::certificate::Described>,
+    ) -> SourceError {
         let broker = broker_of(reason).unwrap_or(&self.brokers);
         let protocol = self.security.protocol();
         let roots = match self.security.ca() {
@@ -171,7 +189,10 @@ impl Refusals {
                 "Kafka broker {broker} does not speak TLS on this port (security.protocol={protocol}): connect to its TLS listener, or remove the tls options"
             ),
         };
-        SourceError::new(format!("{what} (librdkafka: {})", self.scrub(reason)))
+        let seen = seen
+            .map(|d| format!("; the broker presented a certificate with {d}"))
+            .unwrap_or_default();
+        SourceError::new(format!("{what}{seen} (librdkafka: {})", self.scrub(reason)))
     }
 
     /// Keeps the first refusal.
@@ -207,7 +228,13 @@ impl ClientContext for Refusals {
 
     fn error(&self, error: KafkaError, reason: &str) {
         match error.rdkafka_error_code().and_then(|c| classify(c, reason)) {
-            Some(refusal) => self.note(self.explain(refusal, reason)),
+            Some(refusal) if self.refused().is_none() => {
+                let seen = (refusal == Refusal::BrokerCertificate)
+                    .then(|| broker_of(reason).and_then(presented_certificate))
+                    .flatten();
+                self.note(self.explain(refusal, reason, seen.as_ref()))
+            }
+            Some(_) => {}
             None => {
                 let reason = self.scrub(reason);
                 tracing::debug!(target: "librdkafka", "{error}: {reason}");
@@ -271,17 +298,23 @@ mod tests {
         }
         let r = Refusals::new("b:9092", Security::parse(&o).unwrap());
         let m = r
-            .explain(Refusal::Authentication, &format!("{SCRAM} hunter2-secret"))
+            .explain(
+                Refusal::Authentication,
+                &format!("{SCRAM} hunter2-secret"),
+                None,
+            )
             .message;
         assert!(m.starts_with("Kafka broker 127.0.0.1:42717 refused the SASL authentication of user `alice` with SCRAM-SHA-256: check sasl_username and sasl_password"), "{m}");
         assert!(!m.contains("hunter2"), "{m}");
-        let m = r.explain(Refusal::BrokerCertificate, WRONG_CA).message;
+        let m = r
+            .explain(Refusal::BrokerCertificate, WRONG_CA, None)
+            .message;
         assert!(
             m.contains("not signed by a CA of the system's trust store (no tls_ca is set)"),
             "{m}"
         );
         assert!(m.contains("set tls_ca"), "{m}");
-        let m = r.explain(Refusal::ClientCertificate, NO_CERT).message;
+        let m = r.explain(Refusal::ClientCertificate, NO_CERT, None).message;
         assert!(m.contains("set tls_cert and tls_key"), "{m}");
         assert_eq!(broker_of("no colon here"), None);
     }

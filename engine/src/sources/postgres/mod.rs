@@ -35,7 +35,6 @@ pub mod pgtypes;
 mod snapshot;
 mod stream;
 mod tls;
-mod tls_probe;
 
 use std::sync::Arc;
 

@@ -209,11 +209,7 @@ pub async fn failed(doing: &str, uri: &str, error: &str) -> SourceError {
     if is_certificate_refusal(error)
         && let Some(url) = &url
         && let Some(host) = url.host_str()
-        && let Some(seen) = super::tls_probe::server_certificate(
-            host.trim_matches(['[', ']']),
-            url.port().unwrap_or(5432),
-        )
-        .await
+        && let Some(seen) = probe(host, url.port().unwrap_or(5432)).await
     {
         why.push_str(&format!("; the server presented a certificate with {seen}"));
     }
@@ -221,6 +217,17 @@ pub async fn failed(doing: &str, uri: &str, error: &str) -> SourceError {
         "{doing}: {why} ({})",
         urutau_planner::options::redact_text(error)
     ))
+}
+
+/// What the certificate of the Postgres server at `host:port` says.
+async fn probe(host: &str, port: u16) -> Option<urutau_planner::certificate::Described> {
+    use crate::sources::tls_probe::{Preamble, server_certificate};
+    let host = host.trim_matches(['[', ']']).to_string();
+    tokio::task::spawn_blocking(move || {
+        server_certificate(&host, port, Preamble::PostgresSslRequest)
+    })
+    .await
+    .ok()?
 }
 
 /// Whether `error` is the server's certificate refused by our side.

@@ -1,28 +1,41 @@
-//! The certificate a Postgres server presents, for the error that refuses
-//! it. sqlx and pgwire-replication say only why a certificate was refused
-//! ("UnknownIssuer"); one more handshake of our own reads the certificate
-//! (subject, issuer, names), so the error says which CA signed it. The
-//! probe trusts nothing: its verifier records the certificate and fails
-//! the handshake, so no byte is ever sent over it.
+//! The certificate a server presents, for the error that refuses it.
+//! sqlx, pgwire-replication and librdkafka say only why a certificate was
+//! refused ("UnknownIssuer", "certificate verify failed"); one more
+//! handshake of our own reads the certificate (subject, issuer, names), so
+//! the error says which CA signed it. The probe trusts nothing: its
+//! verifier records the certificate and fails the handshake, so no byte is
+//! ever sent over it. Blocking (std sockets, bounded by a timeout): it runs
+//! on error paths only, from librdkafka's callback thread or from
+//! `spawn_blocking`.
 
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use urutau_planner::certificate::{self, Described};
 
-/// How long the probe's connect and handshake may take.
+/// How long each step of the probe (connect, read, write) may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What comes before the TLS handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preamble {
+    /// TLS from the first byte (Kafka, HTTPS).
+    None,
+    /// Postgres's SSLRequest, answered `S` by a server that offers TLS.
+    PostgresSslRequest,
+}
 
 /// Postgres's SSLRequest: length 8, code 80877103.
 const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 
 /// What the certificate of the server at `host:port` says; `None` when it
 /// cannot be read (no TLS offered, no answer).
-pub async fn server_certificate(host: &str, port: u16) -> Option<Described> {
+pub fn server_certificate(host: &str, port: u16, preamble: Preamble) -> Option<Described> {
     let seen = Arc::new(Mutex::new(None));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -37,19 +50,25 @@ pub async fn server_certificate(host: &str, port: u16) -> Option<Described> {
         }))
         .with_no_client_auth();
     let name = ServerName::try_from(host.to_string()).ok()?;
-    let probe = async {
-        let mut tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
-        tcp.write_all(&SSL_REQUEST).await.ok()?;
-        if tcp.read_u8().await.ok()? != b'S' {
+    let addr = (host, port).to_socket_addrs().ok()?.next()?;
+    let mut tcp = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT).ok()?;
+    tcp.set_read_timeout(Some(PROBE_TIMEOUT)).ok()?;
+    tcp.set_write_timeout(Some(PROBE_TIMEOUT)).ok()?;
+    if preamble == Preamble::PostgresSslRequest {
+        tcp.write_all(&SSL_REQUEST).ok()?;
+        let mut answer = [0u8; 1];
+        tcp.read_exact(&mut answer).ok()?;
+        if answer[0] != b'S' {
             return None;
         }
-        // Fails by design: the verifier refuses once it has the certificate.
-        let _ = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await;
-        Some(())
-    };
-    tokio::time::timeout(PROBE_TIMEOUT, probe).await.ok()??;
+    }
+    let mut tls = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+    // Fails by design: the verifier refuses once it has the certificate.
+    while tls.is_handshaking() {
+        if tls.complete_io(&mut tcp).is_err() {
+            break;
+        }
+    }
     let der = seen.lock().unwrap_or_else(|p| p.into_inner()).take()?;
     certificate::describe(&der)
 }
