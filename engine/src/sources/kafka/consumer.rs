@@ -1,7 +1,7 @@
 //! The Kafka source's consuming stage: assigns every partition of the
 //! routed topics at its resume offset, polls, copies messages into batches
 //! (closed by the pipeline's batching rule) and hands them to the decoding
-//! stage.
+//! lanes in turn (batch `i` to lane `i % lanes`, read back in that order).
 //!
 //! Offsets are explicit throughout: `auto.offset.reset = error`, so an
 //! offset the broker no longer holds is reported, never skipped past; a
@@ -80,12 +80,12 @@ impl Partition {
 /// set, or the decoding stage is gone; a failure goes to `errors`.
 pub fn run_consumer(
     cfg: ConsumerConfig,
-    batches: SyncSender<RawBatch>,
+    lanes: Vec<SyncSender<RawBatch>>,
     errors: mpsc::Sender<Result<SourceBatch, SourceError>>,
     stop: Arc<AtomicBool>,
 ) {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Consuming::start(cfg).and_then(|mut c| c.run(&batches, &stop))
+        Consuming::start(cfg).and_then(|mut c| c.run(&lanes, &stop))
     }))
     .unwrap_or_else(|panic| {
         Err(SourceError::new(format!(
@@ -106,6 +106,8 @@ struct Consuming {
     /// By (topic index, partition).
     parts: BTreeMap<(usize, i32), Partition>,
     batch: Vec<RawMessage>,
+    /// Batches handed over so far (the next goes to lane `handed % lanes`).
+    handed: usize,
     opened: Option<Instant>,
     last_refresh: Instant,
     last_warning: Option<Instant>,
@@ -129,6 +131,11 @@ impl Consuming {
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false")
             .set("allow.auto.create.topics", "false")
+            // librdkafka pauses a partition's fetching for this long once
+            // its local queue is full (1 s by default): the source, which
+            // drains the queue in batches, stalled for most of a second
+            // each time (a third of the run's time in the bench).
+            .set("fetch.queue.backoff.ms", "10")
             .create_with_context(refusals)
             .map_err(|e| {
                 SourceError::new(format!(
@@ -149,6 +156,7 @@ impl Consuming {
             topic_index,
             parts: BTreeMap::new(),
             batch: Vec::new(),
+            handed: 0,
             opened: None,
             last_refresh: Instant::now(),
             last_warning: None,
@@ -320,7 +328,7 @@ impl Consuming {
         Offsets(o)
     }
 
-    fn run(&mut self, out: &SyncSender<RawBatch>, stop: &AtomicBool) -> Result<(), SourceError> {
+    fn run(&mut self, out: &[SyncSender<RawBatch>], stop: &AtomicBool) -> Result<(), SourceError> {
         loop {
             if stop.load(Ordering::Relaxed) {
                 // What is not handed over is not committed: read again on
@@ -370,8 +378,9 @@ impl Consuming {
         }
     }
 
-    /// Hands the batch over; false when the decoding stage is gone.
-    fn flush(&mut self, out: &SyncSender<RawBatch>) -> bool {
+    /// Hands the batch over to the next lane; false when the decoding
+    /// stage is gone.
+    fn flush(&mut self, lanes: &[SyncSender<RawBatch>]) -> bool {
         if self.batch.is_empty() {
             return true;
         }
@@ -380,7 +389,9 @@ impl Consuming {
             end: self.end(),
         };
         self.opened = None;
-        out.send(batch).is_ok()
+        let lane = &lanes[self.handed % lanes.len()];
+        self.handed += 1;
+        lane.send(batch).is_ok()
     }
 
     /// Nothing to read right now: for exit mode, a partition whose fetch

@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, SyncSender};
 
 use tokio::sync::mpsc;
 use urutau_planner::evolution::{SchemaChange, SchemaChanges};
@@ -111,6 +111,24 @@ pub struct RawBatch {
     pub end: Offsets,
 }
 
+/// Forwards the lanes' decoded batches in the order the consumer handed
+/// them out (batch `i` from lane `i % lanes`), until a lane ends or fails,
+/// or nobody listens.
+pub fn merge_lanes(
+    lanes: Vec<Receiver<Result<SourceBatch, SourceError>>>,
+    out: mpsc::Sender<Result<SourceBatch, SourceError>>,
+) {
+    for lane in lanes.iter().cycle() {
+        let Ok(decoded) = lane.recv() else {
+            return;
+        };
+        let failed = decoded.is_err();
+        if out.blocking_send(decoded).is_err() || failed {
+            return;
+        }
+    }
+}
+
 /// The decoding stage's state.
 pub struct MessageDecoder {
     /// The source's name (metrics).
@@ -165,7 +183,7 @@ impl MessageDecoder {
     pub fn run(
         mut self,
         input: Receiver<RawBatch>,
-        out: mpsc::Sender<Result<SourceBatch, SourceError>>,
+        out: SyncSender<Result<SourceBatch, SourceError>>,
     ) {
         while let Ok(raw) = input.recv() {
             let decoded =
@@ -177,7 +195,7 @@ impl MessageDecoder {
                         )))
                     });
             let failed = decoded.is_err();
-            if out.blocking_send(decoded).is_err() || failed {
+            if out.send(decoded).is_err() || failed {
                 return;
             }
         }

@@ -241,8 +241,12 @@ impl SourceKind for KafkaKind {
     }
 }
 
-/// The Kafka source, running: a consumer thread and a decoding thread
-/// feeding a channel.
+/// Decoding lanes at most (one per core up to this).
+const MAX_LANES: usize = 4;
+
+/// The Kafka source, running: a consumer thread, decoding lanes (a thread
+/// each) and the thread that puts their batches back in order, feeding a
+/// channel.
 struct KafkaSource {
     rx: mpsc::Receiver<Result<SourceBatch, SourceError>>,
 }
@@ -284,19 +288,22 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
                 .join("; "),
         )
     })?;
-    let registry = match options.get("schema_registry") {
-        Some(url) if format == Format::Avro => Some(
+    let registry = || match options.get("schema_registry") {
+        Some(url) if format == Format::Avro => {
             avro::Registry::new(url, security.ca(), tokio::runtime::Handle::current())
-                .map_err(SourceError::new)?,
-        ),
-        _ => None,
+                .map(Some)
+                .map_err(SourceError::new)
+        }
+        _ => Ok(None),
     };
-    let tables = TopicTable::group(
-        &args.plan.tables,
-        &encodings,
-        options.get("on_schema_mismatch") == Some("fail"),
-    )?;
-    let topics: Vec<String> = tables.iter().map(|t| t.topic.to_string()).collect();
+    let group = || {
+        TopicTable::group(
+            &args.plan.tables,
+            &encodings,
+            options.get("on_schema_mismatch") == Some("fail"),
+        )
+    };
+    let topics: Vec<String> = group()?.iter().map(|t| t.topic.to_string()).collect();
     let refresh = options
         .get("metadata_refresh")
         .map(urutau_planner::options::parse_duration)
@@ -306,36 +313,52 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     let cfg = ConsumerConfig {
         source: spec.name.name.clone(),
         brokers: options.get("brokers").unwrap_or_default().to_string(),
-        security,
+        security: security.clone(),
         topics,
         start,
         exit_when_caught_up: args.exit_when_caught_up,
         policy: args.policy,
         metadata_refresh: refresh,
     };
-    let decoder = MessageDecoder::new(
-        spec.name.name.clone(),
-        args.metrics.clone(),
-        tables,
-        format,
-        registry,
-        options.get("on_decode_error") == Some("skip"),
-        options.get("on_truncate") == Some("ignore"),
-    );
-    // Two batches in flight between each pair of stages: consuming,
-    // decoding and committing overlap.
-    let (raw_tx, raw_rx) = std::sync::mpsc::sync_channel(2);
+    // Decoding lanes: batches are decoded on as many threads as there are
+    // cores (up to MAX_LANES), each lane a decoder of its own, and put
+    // back in order. One batch in flight per lane and between stages:
+    // consuming, decoding and committing overlap.
+    let lanes = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, MAX_LANES);
     let (tx, rx) = mpsc::channel(2);
-    let stop = Arc::clone(&args.stop);
     let consumer_tx = tx.clone();
+    let (mut lane_inputs, mut lane_outputs) = (Vec::new(), Vec::new());
+    for lane in 0..lanes {
+        let registry = registry()?;
+        let decoder = MessageDecoder::new(
+            spec.name.name.clone(),
+            args.metrics.clone(),
+            group()?,
+            format,
+            registry,
+            options.get("on_decode_error") == Some("skip"),
+            options.get("on_truncate") == Some("ignore"),
+        );
+        let (raw_tx, raw_rx) = std::sync::mpsc::sync_channel(1);
+        let (decoded_tx, decoded_rx) = std::sync::mpsc::sync_channel(1);
+        lane_inputs.push(raw_tx);
+        lane_outputs.push(decoded_rx);
+        std::thread::Builder::new()
+            .name(format!("kafka-decoder-{}-{lane}", spec.name))
+            .spawn(move || decoder.run(raw_rx, decoded_tx))
+            .map_err(|e| SourceError::new(format!("cannot start a Kafka decoder: {e}")))?;
+    }
+    std::thread::Builder::new()
+        .name(format!("kafka-merge-{}", spec.name))
+        .spawn(move || decode::merge_lanes(lane_outputs, tx))
+        .map_err(|e| SourceError::new(format!("cannot start the Kafka decoder: {e}")))?;
+    let stop = Arc::clone(&args.stop);
     std::thread::Builder::new()
         .name(format!("kafka-consumer-{}", spec.name))
-        .spawn(move || run_consumer(cfg, raw_tx, consumer_tx, stop))
+        .spawn(move || run_consumer(cfg, lane_inputs, consumer_tx, stop))
         .map_err(|e| SourceError::new(format!("cannot start the Kafka consumer: {e}")))?;
-    std::thread::Builder::new()
-        .name(format!("kafka-decoder-{}", spec.name))
-        .spawn(move || decoder.run(raw_rx, tx))
-        .map_err(|e| SourceError::new(format!("cannot start the Kafka decoder: {e}")))?;
     Ok(Box::new(KafkaSource { rx }))
 }
 
