@@ -960,21 +960,25 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, v FROM k.items;
 
 /// A Kafka table's declaration is its contract: a message with a field the
 /// declaration lacks lands without it (counted), one without a declared
-/// column lands NULL there; with `on_schema_mismatch = 'fail'` the first
-/// such message stops the run, naming topic, partition, offset and field,
-/// and nothing of its batch lands.
+/// column lands NULL there, and the undeclared field is warned about once
+/// (small batches, so the decoding lanes each meet it); with
+/// `on_schema_mismatch = 'fail'` the first such message stops the run,
+/// naming topic, partition, offset and field, and nothing of its batch
+/// lands.
 #[tokio::test]
 async fn messages_that_do_not_fit_the_declaration_are_counted_or_stop_the_run() {
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
     let kafka = Kafka::start(&python, dir.path());
     kafka.create_topic("items", 1);
+    let more = (4..=40).map(|i| json!({"id": i, "v": format!("v{i}"), "extra": i}));
     let messages: Vec<Value> = [
         json!({"id": 1, "v": "a"}),
         json!({"id": 2, "v": "b", "extra": true}),
         json!({"id": 3}),
     ]
-    .iter()
+    .into_iter()
+    .chain(more)
     .map(|v| json!({"key": v["id"].to_string(), "value": v.to_string(), "partition": 0}))
     .collect();
     kafka.produce("items", &messages);
@@ -985,7 +989,7 @@ async fn messages_that_do_not_fit_the_declaration_are_counted_or_stop_the_run() 
         std::fs::write(
             &p,
             format!(
-                "CREATE PIPELINE kt;
+                "CREATE PIPELINE kt WITH (max_batch_rows = 4);
 CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'raw', on_schema_mismatch = '{policy}');
 CREATE SINK lake INTO iceberg WITH ({lake});
 CREATE TABLE k.items (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
@@ -997,15 +1001,20 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, v FROM k.items;
         )
         .unwrap();
         if policy == "ignore" {
-            run_to_end(&p);
+            let out = run_to_end(&p);
             let got = lake_rows(&python, &lake_dir, "items", "id").await;
+            let mut want = vec![
+                json!({"id": 1, "v": "a"}),
+                json!({"id": 2, "v": "b"}),
+                json!({"id": 3, "v": null}),
+            ];
+            want.extend((4..=40).map(|i| json!({"id": i, "v": format!("v{i}")})));
+            assert_eq!(got, want);
+            let log = String::from_utf8_lossy(&out.stderr);
             assert_eq!(
-                got,
-                vec![
-                    json!({"id": 1, "v": "a"}),
-                    json!({"id": 2, "v": "b"}),
-                    json!({"id": 3, "v": null}),
-                ]
+                log.matches("a field the table declaration lacks").count(),
+                1,
+                "the undeclared field is warned about once: {log}"
             );
         } else {
             let out = common::urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);

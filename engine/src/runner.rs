@@ -261,15 +261,13 @@ pub async fn run(
             .map_err(|e| sink_err("reading the committed position".to_string(), e))?;
         let mark = committed.as_deref().map(CommitMark::parse);
         let parsed = match &mark {
-            Some(CommitMark { position: text, .. }) => {
-                Some(Position::parse(kind, text).map_err(|e| {
-                    err(format!(
-                        "table {} holds position `{text}`, which source {} cannot resume from: {e}",
-                        route.target.display_name(),
-                        route.source
-                    ))
-                })?)
-            }
+            Some(CommitMark { position: text, .. }) => Some(kind.parse(text).map_err(|e| {
+                err(format!(
+                    "table {} holds position `{text}`, which source {} cannot resume from: {e}",
+                    route.target.display_name(),
+                    route.source
+                ))
+            })?),
             None => None,
         };
         tracing::info!(
@@ -561,13 +559,13 @@ pub async fn run(
 /// have ended.
 struct Committed {
     positions: std::sync::Mutex<Vec<Option<Position>>>,
-    kinds: Vec<crate::position::PositionKind>,
+    kinds: Vec<&'static dyn PositionKind>,
     ended: Vec<std::sync::atomic::AtomicBool>,
     changed: tokio::sync::Notify,
 }
 
 impl Committed {
-    fn new(start: Vec<Option<Position>>, kinds: Vec<crate::position::PositionKind>) -> Self {
+    fn new(start: Vec<Option<Position>>, kinds: Vec<&'static dyn PositionKind>) -> Self {
         Committed {
             ended: start
                 .iter()
@@ -581,7 +579,7 @@ impl Committed {
 
     /// Route `i` committed `mark`.
     fn record(&self, i: usize, mark: &str) {
-        if let Ok(p) = Position::parse(self.kinds[i], &CommitMark::position_of(mark)) {
+        if let Ok(p) = self.kinds[i].parse(&CommitMark::position_of(mark)) {
             self.positions.lock().expect("committed lock")[i] = Some(p);
             self.changed.notify_waiters();
         }
@@ -698,11 +696,12 @@ async fn dispatch(
                 Some(Ordering::Less | Ordering::Equal) => continue,
                 Some(Ordering::Greater) => {}
                 None => match batch.end.join(r) {
-                    // Offsets that diverge (the source is behind the sink
-                    // on one partition, ahead on another): the rows the sink
-                    // holds are dropped row by row below, and the route's
-                    // mark keeps the sink's offsets where they are ahead.
-                    Some(j) if batch.end.kind() == PositionKind::Offsets => {
+                    // Positions that diverge (offsets: the source is behind
+                    // the sink on one partition, ahead on another) but
+                    // join: the rows the sink holds are dropped row by row
+                    // below, and the route's mark keeps the sink's offsets
+                    // where they are ahead.
+                    Some(j) => {
                         end = j;
                         still_behind = true;
                     }
@@ -844,7 +843,7 @@ fn skip_committed(batch: &RecordBatch, committed: &Position) -> Result<RecordBat
         let k = match cache.get(text) {
             Some(k) => *k,
             None => {
-                let p = Position::parse(committed.kind(), text)?;
+                let p = committed.kind().parse(text)?;
                 let k = p.partial_cmp(committed) != Some(Ordering::Less)
                     && p.partial_cmp(committed) != Some(Ordering::Equal);
                 cache.insert(text, k);

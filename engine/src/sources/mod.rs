@@ -164,7 +164,7 @@ pub trait SourceKind: Send + Sync {
     /// The kind's planning side.
     fn provider(&self) -> Arc<dyn SourceProvider>;
     /// The positions its changes carry (and its sinks store).
-    fn position_kind(&self) -> PositionKind;
+    fn position_kind(&self) -> &'static dyn PositionKind;
     /// Starts reading a planned source of this kind.
     fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError>;
 }
@@ -198,7 +198,7 @@ pub fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
 }
 
 /// The position kind of a source kind.
-pub fn position_kind(kind_name: &str) -> Option<PositionKind> {
+pub fn position_kind(kind_name: &str) -> Option<&'static dyn PositionKind> {
     kind(kind_name).map(|k| k.position_kind())
 }
 

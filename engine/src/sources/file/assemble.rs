@@ -10,7 +10,8 @@ use std::sync::mpsc::{Receiver, Sender};
 use tokio::sync::mpsc;
 
 use super::chunk::{Chunk, RowImage, Step};
-use crate::position::{FilePosition, Position, write_file_position};
+use super::position::{FilePosition, write_file_position};
+use crate::position::Position;
 use crate::sources::decode::TableDecoder;
 use crate::sources::panic_message;
 use crate::sources::{SourceBatch, SourceError, TableChanges};
@@ -157,7 +158,7 @@ impl Assembler {
         }
         Ok(SourceBatch {
             tables,
-            end: Position::File(end.clone()),
+            end: Position::new(end.clone()),
             snapshot: Vec::new(),
             open_transaction: false,
         })

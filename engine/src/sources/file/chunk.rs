@@ -13,8 +13,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::position::FilePosition;
 use crate::change_batch::{MessageMeta, RowKind};
-use crate::position::FilePosition;
 use crate::sources::SourceError;
 use crate::sources::debezium::ConnectFields;
 use crate::sources::decode::RowMeta;

@@ -8,6 +8,7 @@
 
 mod assemble;
 mod chunk;
+pub mod position;
 pub mod reader;
 
 use std::path::PathBuf;
@@ -128,8 +129,8 @@ impl SourceKind for FileKind {
         Arc::clone(&self.provider) as Arc<dyn SourceProvider>
     }
 
-    fn position_kind(&self) -> PositionKind {
-        PositionKind::File
+    fn position_kind(&self) -> &'static dyn PositionKind {
+        &position::FILE_POSITIONS
     }
 
     fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
@@ -140,12 +141,13 @@ impl SourceKind for FileKind {
 /// Starts reading.
 fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     let path = PathBuf::from(args.plan.spec.options.get("path").unwrap_or_default());
-    let start = match args.start {
+    let start = match &args.start {
         None => None,
-        Some(Position::File(p)) => Some(p),
-        Some(other) => {
-            return Err(SourceError::new(format!("{other} is not a file position")));
-        }
+        Some(p) => Some(
+            p.downcast_ref::<position::FilePosition>()
+                .cloned()
+                .ok_or_else(|| SourceError::new(format!("{p} is not a file position")))?,
+        ),
     };
     let options = &args.plan.spec.options;
     let encodings = Encodings::from_options(

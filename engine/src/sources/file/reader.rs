@@ -25,8 +25,8 @@ use urutau_planner::registry::SourceTableSchema;
 
 use super::assemble::{Assembler, DecodedTable, run_assembler};
 use super::chunk::{Chunk, RowImage, Step};
+use super::position::FilePosition;
 use crate::batching::BatchPolicy;
-use crate::position::FilePosition;
 use crate::sources::debezium::{
     ConnectFields, Encodings, EventRows, SchemaCache, parse_event, row_images,
 };

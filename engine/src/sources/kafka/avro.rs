@@ -475,13 +475,18 @@ impl Reader<'_> {
 }
 
 /// Schemas by id, fetched from the registry on first sight.
+#[derive(Clone)]
 pub struct Registry {
     url: String,
     /// The URL without credentials, for messages.
     shown: String,
     http: reqwest::Client,
     runtime: tokio::runtime::Handle,
+    /// This client's schemas (no lock on the way of each message).
     schemas: HashMap<u32, Arc<Schema>>,
+    /// The schemas of every clone (the decoding lanes): each is fetched
+    /// once, under this lock, whichever lane meets it first.
+    shared: Arc<std::sync::Mutex<HashMap<u32, Arc<Schema>>>>,
 }
 
 impl Registry {
@@ -516,6 +521,7 @@ impl Registry {
             http,
             runtime,
             schemas: HashMap::new(),
+            shared: Arc::default(),
         })
     }
 
@@ -533,6 +539,14 @@ impl Registry {
 
     fn schema(&mut self, id: u32) -> Result<Arc<Schema>, String> {
         if let Some(s) = self.schemas.get(&id) {
+            return Ok(Arc::clone(s));
+        }
+        let shared = Arc::clone(&self.shared);
+        let mut shared = shared
+            .lock()
+            .map_err(|_| "the schema cache is poisoned".to_string())?;
+        if let Some(s) = shared.get(&id) {
+            self.schemas.insert(id, Arc::clone(s));
             return Ok(Arc::clone(s));
         }
         let url = format!("{}/schemas/ids/{id}", self.url);
@@ -564,6 +578,7 @@ impl Registry {
                             .map_err(|e| format!("schema {id} from {}: {e}", self.shown))?,
                     );
                     self.schemas.insert(id, Arc::clone(&schema));
+                    shared.insert(id, Arc::clone(&schema));
                     return Ok(schema);
                 }
                 Ok((status, body)) if status.is_client_error() => {

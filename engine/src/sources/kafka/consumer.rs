@@ -24,10 +24,10 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use super::decode::{RawBatch, RawMessage};
+use super::offsets::Offsets;
 use super::refusal::Refusals;
 use super::security::Security;
 use crate::batching::BatchPolicy;
-use crate::position::Offsets;
 use crate::sources::{SourceBatch, SourceError};
 
 /// How long a metadata or watermark request may take.
@@ -194,7 +194,7 @@ impl Consuming {
         tracing::info!(
             source = %c.cfg.source,
             partitions = c.parts.len(),
-            position = %crate::position::Position::Offsets(c.end()),
+            position = %c.end(),
             "Kafka partitions assigned"
         );
         Ok(c)

@@ -16,8 +16,9 @@ use urutau_planner::evolution::{SchemaChange, SchemaChanges};
 use urutau_planner::plan::{BeforeImages, SourceTablePlan};
 
 use super::avro::Registry;
+use super::offsets::Offsets;
 use crate::change_batch::{MessageMeta, RowKind};
-use crate::position::{Offsets, Position};
+use crate::position::Position;
 use crate::sources::debezium::{
     ConnectFields, Encodings, EventRows, SchemaCache, parse_event, row_images,
 };
@@ -144,8 +145,9 @@ pub struct MessageDecoder {
     ignore_truncate: bool,
     schemas: SchemaCache,
     pos_text: String,
-    /// Undeclared fields already warned about (`topic.field`).
-    warned: std::collections::HashSet<String>,
+    /// Undeclared fields already warned about (`topic.field`), shared by
+    /// the lanes so each is warned about once.
+    warned: Arc<std::sync::Mutex<HashSet<String>>>,
     /// A table's shape changed (its events' schema part): the batch stops
     /// there and the run plans the table again.
     change: Option<SchemaChange>,
@@ -173,9 +175,16 @@ impl MessageDecoder {
             ignore_truncate,
             schemas: SchemaCache::default(),
             pos_text: String::new(),
-            warned: Default::default(),
+            warned: Arc::default(),
             change: None,
         }
+    }
+
+    /// Shares the set of undeclared fields warned about with other lanes
+    /// (a field is warned about once, whichever lane meets it first).
+    pub fn sharing_warnings(mut self, warned: Arc<std::sync::Mutex<HashSet<String>>>) -> Self {
+        self.warned = warned;
+        self
     }
 
     /// Decodes batches until the consumer ends (its sender is dropped), an
@@ -255,7 +264,7 @@ impl MessageDecoder {
         }
         Ok(SourceBatch {
             tables,
-            end: Position::Offsets(raw.end.clone()),
+            end: Position::new(raw.end.clone()),
             snapshot: Vec::new(),
             open_transaction: false,
         })
@@ -369,7 +378,11 @@ impl MessageDecoder {
         }
         if !t.decoder.undeclared.is_empty() {
             for field in std::mem::take(&mut t.decoder.undeclared) {
-                if self.warned.insert(format!("{}.{field}", t.topic)) {
+                let first = self
+                    .warned
+                    .lock()
+                    .map_or(true, |mut w| w.insert(format!("{}.{field}", t.topic)));
+                if first {
                     tracing::warn!(topic = %t.topic, partition = m.partition, offset = m.offset, field = %field, "the message has a field the table declaration lacks; it is not read (on_schema_mismatch = 'fail' stops instead)");
                 }
             }

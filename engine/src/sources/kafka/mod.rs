@@ -24,6 +24,7 @@
 mod avro;
 mod consumer;
 mod decode;
+pub mod offsets;
 mod refusal;
 mod security;
 
@@ -232,8 +233,8 @@ impl SourceKind for KafkaKind {
         Arc::clone(&self.provider) as Arc<dyn SourceProvider>
     }
 
-    fn position_kind(&self) -> PositionKind {
-        PositionKind::Offsets
+    fn position_kind(&self) -> &'static dyn PositionKind {
+        &offsets::OFFSETS
     }
 
     fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
@@ -254,14 +255,15 @@ struct KafkaSource {
 fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     let spec = &args.plan.spec;
     let options = &spec.options;
-    let start = match args.start {
+    let start = match &args.start {
         None => None,
-        Some(Position::Offsets(o)) => Some(o),
-        Some(other) => {
-            return Err(SourceError::new(format!(
-                "{other} is not a Kafka position (topic:p0=N,...)"
-            )));
-        }
+        Some(p) => Some(
+            p.downcast_ref::<offsets::Offsets>()
+                .cloned()
+                .ok_or_else(|| {
+                    SourceError::new(format!("{p} is not a Kafka position (topic:p0=N,...)"))
+                })?,
+        ),
     };
     let format = match options.get("format") {
         Some("raw") => Format::Raw,
@@ -288,13 +290,13 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
                 .join("; "),
         )
     })?;
-    let registry = || match options.get("schema_registry") {
-        Some(url) if format == Format::Avro => {
+    // One registry client, cloned per lane: a schema is fetched once.
+    let registry = match options.get("schema_registry") {
+        Some(url) if format == Format::Avro => Some(
             avro::Registry::new(url, security.ca(), tokio::runtime::Handle::current())
-                .map(Some)
-                .map_err(SourceError::new)
-        }
-        _ => Ok(None),
+                .map_err(SourceError::new)?,
+        ),
+        _ => None,
     };
     let group = || {
         TopicTable::group(
@@ -330,17 +332,18 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     let (tx, rx) = mpsc::channel(2);
     let consumer_tx = tx.clone();
     let (mut lane_inputs, mut lane_outputs) = (Vec::new(), Vec::new());
+    let warned = Arc::default();
     for lane in 0..lanes {
-        let registry = registry()?;
         let decoder = MessageDecoder::new(
             spec.name.name.clone(),
             args.metrics.clone(),
             group()?,
             format,
-            registry,
+            registry.clone(),
             options.get("on_decode_error") == Some("skip"),
             options.get("on_truncate") == Some("ignore"),
-        );
+        )
+        .sharing_warnings(Arc::clone(&warned));
         let (raw_tx, raw_rx) = std::sync::mpsc::sync_channel(1);
         let (decoded_tx, decoded_rx) = std::sync::mpsc::sync_channel(1);
         lane_inputs.push(raw_tx);

@@ -32,6 +32,7 @@ mod catalog;
 mod errors;
 pub mod pgoutput;
 pub mod pgtypes;
+pub mod position;
 mod snapshot;
 mod stream;
 mod tls;
@@ -229,8 +230,8 @@ impl SourceKind for PostgresKind {
         Arc::clone(&self.provider) as Arc<dyn SourceProvider>
     }
 
-    fn position_kind(&self) -> PositionKind {
-        PositionKind::Lsn
+    fn position_kind(&self) -> &'static dyn PositionKind {
+        &position::LSN_POSITIONS
     }
 
     fn open(&self, args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {

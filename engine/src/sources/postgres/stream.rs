@@ -27,6 +27,7 @@ use super::catalog::{self, PgTable};
 use super::errors;
 use super::pgoutput::{self, Cell, Message, Relation, Tuple};
 use super::pgtypes::ColumnBuilder;
+use super::position::LsnPosition;
 use super::snapshot::{
     self, Chunk, ChunkReaders, ReaderSettings, ResumeProgress, SnapshotTarget, Snapshotter, Window,
 };
@@ -119,10 +120,11 @@ impl StreamCfg {
         let slot = opts.get("slot").unwrap_or_default().to_string();
         let start = match &args.start {
             None => None,
-            Some(Position::Lsn(l)) => Some(*l),
-            Some(other) => {
-                return Err(SourceError::new(format!("{other} is not an LSN position")));
-            }
+            Some(p) => Some(
+                p.downcast_ref::<LsnPosition>()
+                    .ok_or_else(|| SourceError::new(format!("{p} is not an LSN position")))?
+                    .0,
+            ),
         };
         let tables = args
             .plan
@@ -241,8 +243,8 @@ impl ChangeSource for PgSource {
     }
 
     async fn acknowledge(&mut self, position: &Position) -> Result<(), SourceError> {
-        if let Position::Lsn(l) = position {
-            self.acked.fetch_max(*l, Ordering::SeqCst);
+        if let Some(l) = position.downcast_ref::<LsnPosition>() {
+            self.acked.fetch_max(l.0, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -250,8 +252,8 @@ impl ChangeSource for PgSource {
     fn acknowledger(&self) -> Option<crate::sources::Acknowledger> {
         let acked = Arc::clone(&self.acked);
         Some(Arc::new(move |position: &Position| {
-            if let Position::Lsn(l) = position {
-                acked.fetch_max(*l, Ordering::SeqCst);
+            if let Some(l) = position.downcast_ref::<LsnPosition>() {
+                acked.fetch_max(l.0, Ordering::SeqCst);
             }
         }))
     }
@@ -843,7 +845,7 @@ impl Assembler {
             emitted += 1;
         }
         let end = self.closed_end.map_or(lsn, |c| c.max(lsn));
-        b.context.close_transaction(&Position::Lsn(end).to_string());
+        b.context.close_transaction(&LsnPosition(end).to_string());
         self.closed_end = Some(end);
         self.received = self.received.max(end);
         self.batch_rows += emitted;
@@ -918,7 +920,7 @@ impl Assembler {
     /// holding this transaction holds that position and one that does not
     /// is before it (what resuming compares rows by).
     fn split_label(&self) -> Position {
-        Position::Lsn(self.tx_final + 1)
+        Position::new(LsnPosition(self.tx_final + 1))
     }
 
     /// Whether the open transaction should be handed over in part now: it
@@ -984,7 +986,7 @@ impl Assembler {
     fn commit(&mut self, end_lsn: u64) {
         let text = match self.tx_split {
             true => self.split_label().to_string(),
-            false => Position::Lsn(end_lsn).to_string(),
+            false => LsnPosition(end_lsn).to_string(),
         };
         for b in &mut self.builders {
             if b.context.open_rows() > 0 {
@@ -1055,7 +1057,7 @@ impl Assembler {
         self.last_emit = Instant::now();
         Ok(Some(SourceBatch {
             tables,
-            end: Position::Lsn(end),
+            end: Position::new(LsnPosition(end)),
             snapshot: self.snapshot_progress.clone(),
             open_transaction: false,
         }))
@@ -1081,15 +1083,15 @@ async fn stream(
             return Err(SourceError::new(format!(
                 "replication slot {} did not exist and was created now, at {}, but the sink holds position {}: the changes in between are gone; drop the slot and the tables to start over",
                 cfg.slot,
-                Position::Lsn(prepared.slot_lsn),
-                Position::Lsn(p)
+                LsnPosition(prepared.slot_lsn),
+                LsnPosition(p)
             )));
         }
         Some(p) => {
             if p < prepared.slot_lsn {
                 // An idle stream acknowledges the server's WAL end, which
                 // holds no routed change past what the sinks committed.
-                tracing::info!(slot = %cfg.slot, committed = %Position::Lsn(p), confirmed = %Position::Lsn(prepared.slot_lsn),
+                tracing::info!(slot = %cfg.slot, committed = %LsnPosition(p), confirmed = %LsnPosition(prepared.slot_lsn),
                     "the slot is ahead of the sinks' oldest committed position (acknowledged over WAL without routed changes); the server streams from the slot's position");
             }
             p
@@ -1125,7 +1127,7 @@ async fn stream(
             });
         }
     };
-    tracing::info!(slot = %cfg.slot, start = %Position::Lsn(start), "streaming");
+    tracing::info!(slot = %cfg.slot, start = %LsnPosition(start), "streaming");
     cfg.metrics.source_up(&cfg.source_name);
 
     let mut a = Assembler::new(&cfg, cfg.tables.clone(), start)?;
@@ -1410,9 +1412,9 @@ async fn finish(
             }
         }
         if metrics.last_applied_lsn().0 >= target {
-            tracing::debug!(slot = %slot, acknowledged = %Position::Lsn(target), "final acknowledgement sent");
+            tracing::debug!(slot = %slot, acknowledged = %LsnPosition(target), "final acknowledgement sent");
         } else {
-            tracing::warn!(slot = %slot, acknowledged = %Position::Lsn(target), "the final acknowledgement was not confirmed sent; the slot keeps that WAL until the next run");
+            tracing::warn!(slot = %slot, acknowledged = %LsnPosition(target), "the final acknowledgement was not confirmed sent; the slot keeps that WAL until the next run");
         }
     }
     let _ = client.shutdown().await;

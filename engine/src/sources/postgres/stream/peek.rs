@@ -34,6 +34,7 @@ use super::{Assembler, PG_EPOCH_MICROS, StreamCfg};
 use crate::position::Position;
 use crate::sources::postgres::catalog::{self, quote_ident};
 use crate::sources::postgres::pgoutput::{self, Message};
+use crate::sources::postgres::position::LsnPosition;
 use crate::sources::postgres::snapshot::{self, Snapshotter};
 use crate::sources::{ChangeSource, OpenArgs, SourceBatch, SourceError};
 
@@ -108,7 +109,7 @@ async fn read_on(
                 return Err(SourceError::new(format!(
                     "replication slot {} does not exist, but the sink holds position {}: a run would stop here (the changes after that position are gone); drop the slot's tables to start over",
                     cfg.slot,
-                    Position::Lsn(p)
+                    LsnPosition(p)
                 )));
             }
             tracing::info!(slot = %cfg.slot, "the slot does not exist yet: the preview shows the snapshot's first rows only");
