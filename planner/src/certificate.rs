@@ -50,17 +50,29 @@ fn attribute_name(oid: &[u8]) -> Option<&'static str> {
 fn text(tag: u8, value: &[u8]) -> Option<String> {
     match tag {
         // UTF8String, PrintableString, IA5String, T61String
-        0x0c | 0x13 | 0x16 | 0x14 => Some(String::from_utf8_lossy(value).into_owned()),
+        0x0c | 0x13 | 0x16 | 0x14 => Some(printable(&String::from_utf8_lossy(value))),
         // BMPString: UTF-16BE
         0x1e => {
             let units: Vec<u16> = value
                 .chunks_exact(2)
                 .map(|c| u16::from_be_bytes([c[0], c[1]]))
                 .collect();
-            Some(String::from_utf16_lossy(&units))
+            Some(printable(&String::from_utf16_lossy(&units)))
         }
         _ => None,
     }
+}
+
+/// A server's text as it may go into an error or a log line: control
+/// characters and quotes escaped (a certificate is the server's to write).
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c {
+            '"' | '\\' => vec!['\\', c],
+            c if c.is_control() => c.escape_default().collect(),
+            c => vec![c],
+        })
+        .collect()
 }
 
 /// A Name as `CN=host, O=org` (most specific first, as RFC 4514 writes
@@ -90,7 +102,7 @@ fn alt_names(value: &[u8]) -> Vec<String> {
     elements(names)
         .filter_map(|(tag, v)| match (tag, v.len()) {
             // dNSName [2]
-            (0x82, _) => Some(String::from_utf8_lossy(v).into_owned()),
+            (0x82, _) => Some(printable(&String::from_utf8_lossy(v))),
             // iPAddress [7]
             (0x87, 4) => Some(std::net::Ipv4Addr::new(v[0], v[1], v[2], v[3]).to_string()),
             (0x87, 16) => <[u8; 16]>::try_from(v)
@@ -212,6 +224,12 @@ Pd4NQWypocZBL3/iAPaEZQIgYveHik5fhhDRulXG00vYepk5o6ZXvjgcdT9ierQ6
             d.to_string(),
             "subject \"CN=db.internal, O=urutau, C=BR\", issued by \"CN=db.internal, O=urutau, C=BR\", for db.internal db 10.0.0.5"
         );
+    }
+
+    #[test]
+    fn a_servers_text_is_escaped() {
+        assert_eq!(printable("a\"b\\c\n\x1b[31m"), "a\\\"b\\\\c\\n\\u{1b}[31m");
+        assert_eq!(printable("héllo"), "héllo");
     }
 
     #[test]

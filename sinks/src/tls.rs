@@ -5,7 +5,7 @@
 //! verified: there is no setting that turns verification off.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -104,27 +104,44 @@ pub fn client_config_trusting(path: &Path) -> Result<rustls::ClientConfig, SinkE
     )
 }
 
-/// The certificate one of our TLS clients refused last, described
-/// ([`Naming`]): what [`hint`] names. Errors of HTTP clients and SDKs
-/// carry only the TLS library's reason, not the certificate.
-static LAST_REFUSED: Mutex<Option<String>> = Mutex::new(None);
-
-/// The description of the last refused certificate, taken.
-fn take_refused() -> Option<String> {
-    LAST_REFUSED
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-}
-
-/// Verifies as webpki does (the only judge), and records what a refused
-/// certificate says: subject, issuer, names, and what it was checked
-/// against.
+/// Verifies as webpki does (the only judge); a refusal carries what the
+/// refused certificate says (subject, issuer, names, and what it was
+/// checked against) in the handshake's error itself ([`Refused`]), so
+/// whichever client reports the error reports this certificate and no
+/// other.
 #[derive(Debug)]
 struct Naming {
     inner: Arc<WebPkiServerVerifier>,
     trusted: String,
 }
+
+/// Opens and closes a refused certificate's description in an error's
+/// text ([`hint`] finds it there).
+const SEEN_OPEN: &str = "<<";
+const SEEN_CLOSE: &str = ">>";
+
+/// A certificate webpki refused, described. Its `Debug` (what rustls
+/// prints of an `Other` certificate error) keeps webpki's reason first
+/// (`UnknownIssuer`, ...), then the description between [`SEEN_OPEN`] and
+/// [`SEEN_CLOSE`].
+struct Refused {
+    reason: rustls::CertificateError,
+    seen: String,
+}
+
+impl std::fmt::Debug for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {SEEN_OPEN}{}{SEEN_CLOSE}", self.reason, self.seen)
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 impl ServerCertVerifier for Naming {
     fn verify_server_cert(
@@ -137,14 +154,20 @@ impl ServerCertVerifier for Naming {
     ) -> Result<ServerCertVerified, rustls::Error> {
         self.inner
             .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-            .inspect_err(|_| {
-                if let Some(d) = certificate::describe(end_entity) {
-                    *LAST_REFUSED.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!(
-                        "{} presented a certificate with {d}, checked against {}",
-                        server_name.to_str(),
-                        self.trusted
-                    ));
+            .map_err(|e| match (e, certificate::describe(end_entity)) {
+                (rustls::Error::InvalidCertificate(reason), Some(d)) => {
+                    rustls::Error::InvalidCertificate(rustls::CertificateError::Other(
+                        rustls::OtherError(Arc::new(Refused {
+                            reason,
+                            seen: format!(
+                                "{} presented a certificate with {d}, checked against {}",
+                                server_name.to_str(),
+                                self.trusted
+                            ),
+                        })),
+                    ))
                 }
+                (e, _) => e,
             })
     }
 
@@ -179,15 +202,23 @@ pub fn hint(message: &str, option: &str) -> Option<String> {
         format!(
             "the server's certificate is not signed by a CA the sink trusts: set {option} to the PEM file of the CA that signed it"
         )
-    } else if message.contains("NotValidForName") {
+    } else if message.contains("NotValidForName") || message.contains("not valid for name") {
         "the server's certificate does not name the host of the uri: connect by a name the certificate holds".into()
     } else {
         return None;
     };
-    Some(match take_refused() {
+    Some(match seen(message) {
         Some(seen) => format!("{why} ({seen})"),
         None => why,
     })
+}
+
+/// The refused certificate's description in an error's text, when one of
+/// our clients ([`client_config`]) refused it.
+fn seen(message: &str) -> Option<&str> {
+    let start = message.find(SEEN_OPEN)? + SEEN_OPEN.len();
+    let len = message[start..].find(SEEN_CLOSE)?;
+    Some(&message[start..start + len])
 }
 
 /// An error with its causes: HTTP clients' own words ("error sending
@@ -210,6 +241,42 @@ pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal names the certificate it refused, from the error itself:
+    /// two refusals never swap descriptions.
+    #[test]
+    fn a_refusal_carries_its_own_certificate() {
+        let refusal = |host: &str| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+                Arc::new(Refused {
+                    reason: rustls::CertificateError::UnknownIssuer,
+                    seen: format!("{host} presented a certificate with subject \"CN={host}\""),
+                }),
+            )))
+            .to_string()
+        };
+        let (a, b) = (refusal("a.example"), refusal("b.example"));
+        let hint_b = hint(&b, "ca_cert").unwrap();
+        let hint_a = hint(&a, "ca_cert").unwrap();
+        assert!(hint_a.contains("set ca_cert"), "{hint_a}");
+        assert!(
+            hint_a.ends_with("(a.example presented a certificate with subject \"CN=a.example\")"),
+            "{hint_a}"
+        );
+        assert!(
+            hint_b.contains("CN=b.example") && !hint_b.contains("a.example"),
+            "{hint_b}"
+        );
+        // Another client's refusal (no description) is not given one.
+        let plain = hint("invalid peer certificate: UnknownIssuer", "ca_cert").unwrap();
+        assert!(!plain.contains("presented"), "{plain}");
+        let name = hint(
+            "invalid peer certificate: certificate not valid for name \"x\"",
+            "ca_cert",
+        )
+        .unwrap();
+        assert!(name.contains("does not name the host"), "{name}");
+    }
 
     #[test]
     fn a_file_without_certificates_is_an_error_naming_it() {

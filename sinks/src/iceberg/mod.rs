@@ -187,7 +187,7 @@ fn options() -> Vec<OptionDef> {
         OptionDef::new(
             "ca_cert",
             T::String,
-            "REST and S3 over https: PEM file of the CA(s) the catalog's and the object store's certificates are signed by; both then trust exactly these (default: SSL_CERT_FILE, else the built-in CAs)",
+            "REST and S3 over https: PEM file of the CA(s) the catalog's and the object store's certificates are signed by; both then trust exactly these (default: SSL_CERT_FILE, else the catalog client's built-in web CAs and the object store client's system CAs)",
         ),
         OptionDef::new("maintenance_enabled", T::Bool, "run table maintenance"),
         OptionDef::new(

@@ -21,14 +21,13 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tokio::sync::mpsc;
 
 use super::decode::{RawBatch, RawMessage};
 use super::offsets::Offsets;
 use super::refusal::Refusals;
 use super::security::Security;
 use crate::batching::BatchPolicy;
-use crate::sources::{SourceBatch, SourceError};
+use crate::sources::SourceError;
 
 /// How long a metadata or watermark request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -77,11 +76,13 @@ impl Partition {
 }
 
 /// Runs the consuming stage until it is caught up (exit mode), `stop` is
-/// set, or the decoding stage is gone; a failure goes to `errors`.
+/// set, or the decoding stage is gone; a failure goes to `failed` before
+/// the lanes are closed, so it is handed on after every batch read before
+/// it ([`merge_lanes`](super::decode::merge_lanes)).
 pub fn run_consumer(
     cfg: ConsumerConfig,
     lanes: Vec<SyncSender<RawBatch>>,
-    errors: mpsc::Sender<Result<SourceBatch, SourceError>>,
+    failed: std::sync::mpsc::Sender<SourceError>,
     stop: Arc<AtomicBool>,
 ) {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -94,8 +95,9 @@ pub fn run_consumer(
         )))
     });
     if let Err(e) = result {
-        let _ = errors.blocking_send(Err(e));
+        let _ = failed.send(e);
     }
+    drop(lanes);
 }
 
 /// The consuming stage's state.

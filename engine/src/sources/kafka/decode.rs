@@ -114,13 +114,20 @@ pub struct RawBatch {
 
 /// Forwards the lanes' decoded batches in the order the consumer handed
 /// them out (batch `i` from lane `i % lanes`), until a lane ends or fails,
-/// or nobody listens.
+/// or nobody listens. The lane whose turn it is ends once the consumer has
+/// stopped and every batch before has been forwarded: then the consumer's
+/// failure, if it failed (sent to `failed` before it closed the lanes), is
+/// forwarded last.
 pub fn merge_lanes(
     lanes: Vec<Receiver<Result<SourceBatch, SourceError>>>,
+    failed: Receiver<SourceError>,
     out: mpsc::Sender<Result<SourceBatch, SourceError>>,
 ) {
     for lane in lanes.iter().cycle() {
         let Ok(decoded) = lane.recv() else {
+            if let Ok(e) = failed.try_recv() {
+                let _ = out.blocking_send(Err(e));
+            }
             return;
         };
         let failed = decoded.is_err();

@@ -330,7 +330,7 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
         .map_or(1, usize::from)
         .clamp(1, MAX_LANES);
     let (tx, rx) = mpsc::channel(2);
-    let consumer_tx = tx.clone();
+    let (failed_tx, failed_rx) = std::sync::mpsc::channel();
     let (mut lane_inputs, mut lane_outputs) = (Vec::new(), Vec::new());
     let warned = Arc::default();
     for lane in 0..lanes {
@@ -355,12 +355,12 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     }
     std::thread::Builder::new()
         .name(format!("kafka-merge-{}", spec.name))
-        .spawn(move || decode::merge_lanes(lane_outputs, tx))
+        .spawn(move || decode::merge_lanes(lane_outputs, failed_rx, tx))
         .map_err(|e| SourceError::new(format!("cannot start the Kafka decoder: {e}")))?;
     let stop = Arc::clone(&args.stop);
     std::thread::Builder::new()
         .name(format!("kafka-consumer-{}", spec.name))
-        .spawn(move || run_consumer(cfg, lane_inputs, consumer_tx, stop))
+        .spawn(move || run_consumer(cfg, lane_inputs, failed_tx, stop))
         .map_err(|e| SourceError::new(format!("cannot start the Kafka consumer: {e}")))?;
     Ok(Box::new(KafkaSource { rx }))
 }

@@ -53,6 +53,9 @@ impl PositionKind for OffsetPositions {
                 return Err(err("a topic appears twice"));
             }
         }
+        // A topic with no partition read is one not read at all: dropped,
+        // so that equal positions print alike.
+        topics.retain(|_, parts: &mut BTreeMap<i32, i64>| !parts.is_empty());
         Ok(Position::new(Offsets(topics)))
     }
 }
@@ -160,6 +163,7 @@ mod tests {
         assert!(OFFSETS.parse("t:p0=1;t:p1=2").is_err());
         assert!(OFFSETS.parse(":p0=1").is_err());
         assert!(OFFSETS.parse("t:p0=x").is_err());
+        assert_eq!(p("t:;u:p1=2").to_string(), "u:p1=2");
     }
 
     #[test]

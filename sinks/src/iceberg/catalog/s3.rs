@@ -87,8 +87,10 @@ fn truthy(v: &str) -> bool {
 
 /// OpenDAL's S3 configuration from the table's Iceberg S3 properties
 /// (`s3.endpoint`, `s3.access-key-id`, ...), read as
-/// iceberg-storage-opendal reads them, so a table behaves the same with
-/// and without a CA file. Addressing is virtual-host style unless
+/// iceberg-storage-opendal reads them, so a table is configured the same
+/// with and without a CA file (with one, requests also get OpenDAL's
+/// timeout and retry layers, which iceberg-storage-opendal's do not).
+/// Addressing is virtual-host style unless
 /// `s3.path-style-access` (Iceberg's default).
 pub fn s3_config(props: &HashMap<String, String>) -> Result<S3Config> {
     let get = |k: &str| props.get(k).cloned();
@@ -219,6 +221,10 @@ impl Storage for TrustingS3 {
     }
 
     async fn delete_prefix(&self, path: &str) -> Result<()> {
+        // A whole bucket is never a table's prefix: refused, not emptied.
+        if split(path)?.1.trim_end_matches('/').is_empty() {
+            return Err(invalid(format!("{path} is a whole bucket: not deleted")));
+        }
         let (op, key) = self.operator(path)?;
         let dir = format!("{}/", key.trim_end_matches('/'));
         op.delete_with(&dir).recursive(true).await.map_err(io)
@@ -325,6 +331,19 @@ mod tests {
         assert_eq!(split("s3a://b/k").unwrap(), ("b", "k"));
         assert!(split("s3://b").is_err());
         assert!(split("gs://b/k").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_whole_bucket_is_never_deleted_as_a_prefix() {
+        let s = TrustingS3Factory {
+            ca_file: "/no/such/ca.pem".into(),
+        }
+        .build(&StorageConfig::from_props(props(&[])))
+        .unwrap();
+        for path in ["s3://b/", "s3://b//"] {
+            let e = s.delete_prefix(path).await.unwrap_err().to_string();
+            assert!(e.contains("whole bucket"), "{e}");
+        }
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub struct RestConfig {
     pub s3_secret_access_key: Option<String>,
     /// The PEM file of the CA whose certificates the https clients, the
     /// catalog's and S3's, trust (`ca_cert`, else `SSL_CERT_FILE`; none:
-    /// the built-in CAs).
+    /// the catalog client's built-in web CAs, the S3 client's system CAs).
     pub ca_cert: Option<String>,
 }
 
@@ -120,7 +120,8 @@ pub struct RestCatalogConn {
     /// Directories of a local warehouse already made durable.
     durable_dirs: durable::DurableDirs,
     /// The CA file the https clients trust, the catalog's and the object
-    /// store's (`ca_cert`, else `SSL_CERT_FILE`); none: the built-in CAs.
+    /// store's (`ca_cert`, else `SSL_CERT_FILE`); none: the catalog
+    /// client's built-in web CAs, the S3 client's system CAs.
     ca_file: Option<std::path::PathBuf>,
 }
 
