@@ -136,6 +136,35 @@ impl std::fmt::Display for Described {
     }
 }
 
+/// Why our side refused a server's certificate, as TLS libraries word it
+/// (rustls's `UnknownIssuer`, OpenSSL's "unknown issuer", ...): what the
+/// errors that explain a refusal tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not signed by a trusted CA.
+    UnknownIssuer,
+    /// It does not name the host connected to.
+    NotValidForName,
+    /// Out of its validity period.
+    Expired,
+}
+
+impl Refusal {
+    /// The refusal an error's text reports, if it reports one.
+    pub fn in_text(text: &str) -> Option<Refusal> {
+        let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+        if has(&["UnknownIssuer", "unknown issuer"]) {
+            Some(Refusal::UnknownIssuer)
+        } else if has(&["NotValidForName", "not valid for name"]) {
+            Some(Refusal::NotValidForName)
+        } else if has(&["Expired", "expired"]) {
+            Some(Refusal::Expired)
+        } else {
+            None
+        }
+    }
+}
+
 /// The subject, issuer and names of the DER certificate `der`; `None`
 /// when it is not one.
 pub fn describe(der: &[u8]) -> Option<Described> {
@@ -224,6 +253,28 @@ Pd4NQWypocZBL3/iAPaEZQIgYveHik5fhhDRulXG00vYepk5o6ZXvjgcdT9ierQ6
             d.to_string(),
             "subject \"CN=db.internal, O=urutau, C=BR\", issued by \"CN=db.internal, O=urutau, C=BR\", for db.internal db 10.0.0.5"
         );
+    }
+
+    #[test]
+    fn refusals_are_told_apart_in_either_wording() {
+        for (text, want) in [
+            (
+                "invalid peer certificate: UnknownIssuer",
+                Some(Refusal::UnknownIssuer),
+            ),
+            (
+                "certificate verify failed: unknown issuer",
+                Some(Refusal::UnknownIssuer),
+            ),
+            (
+                "certificate not valid for name \"x\"",
+                Some(Refusal::NotValidForName),
+            ),
+            ("invalid peer certificate: Expired", Some(Refusal::Expired)),
+            ("connection refused", None),
+        ] {
+            assert_eq!(Refusal::in_text(text), want, "{text}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
-use urutau_planner::certificate;
+use urutau_planner::certificate::{self, Refusal};
 use urutau_planner::sink::SinkError;
 
 /// The CA file a sink trusts: its `ca_cert` option, else `SSL_CERT_FILE`,
@@ -48,14 +48,21 @@ pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, SinkErr
 /// The certificates of the PEM file at `path` ([`certificates`]), as a
 /// root store.
 pub fn root_store(path: &Path) -> Result<RootCertStore, SinkError> {
+    roots_of(certificates(path)?).map_err(|e| {
+        SinkError::Unavailable(format!(
+            "the CA file {} holds a certificate rustls refuses: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// A root store of `certs`.
+pub fn roots_of(
+    certs: impl IntoIterator<Item = CertificateDer<'static>>,
+) -> Result<RootCertStore, rustls::Error> {
     let mut roots = RootCertStore::empty();
-    for cert in certificates(path)? {
-        roots.add(cert).map_err(|e| {
-            SinkError::Unavailable(format!(
-                "the CA file {} holds a certificate rustls refuses: {e}",
-                path.display()
-            ))
-        })?;
+    for cert in certs {
+        roots.add(cert)?;
     }
     Ok(roots)
 }
@@ -198,14 +205,12 @@ impl ServerCertVerifier for Naming {
 /// sink whose CA option is `option`; names the certificate when one of
 /// our clients ([`client_config`]) refused it.
 pub fn hint(message: &str, option: &str) -> Option<String> {
-    let why = if message.contains("UnknownIssuer") {
-        format!(
+    let why = match Refusal::in_text(message)? {
+        Refusal::UnknownIssuer => format!(
             "the server's certificate is not signed by a CA the sink trusts: set {option} to the PEM file of the CA that signed it"
-        )
-    } else if message.contains("NotValidForName") || message.contains("not valid for name") {
-        "the server's certificate does not name the host of the uri: connect by a name the certificate holds".into()
-    } else {
-        return None;
+        ),
+        Refusal::NotValidForName => "the server's certificate does not name the host of the uri: connect by a name the certificate holds".into(),
+        Refusal::Expired => return None,
     };
     Some(match seen(message) {
         Some(seen) => format!("{why} ({seen})"),

@@ -35,7 +35,9 @@ const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 
 /// What the certificate of the server at `host:port` says; `None` when it
 /// cannot be read (no TLS offered, no answer).
+/// (`host` may be an IPv6 address in brackets, as URIs write it.)
 pub fn server_certificate(host: &str, port: u16, preamble: Preamble) -> Option<Described> {
+    let host = host.trim_matches(['[', ']']);
     let seen = Arc::new(Mutex::new(None));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -73,6 +75,11 @@ pub fn server_certificate(host: &str, port: u16, preamble: Preamble) -> Option<D
     certificate::describe(&der)
 }
 
+/// The probe's answer to everything the server offers.
+fn never_trusted() -> rustls::Error {
+    rustls::Error::General("read only, never trusted".into())
+}
+
 /// Records the server's certificate and refuses it.
 #[derive(Debug)]
 struct Record {
@@ -90,7 +97,7 @@ impl ServerCertVerifier for Record {
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(end_entity.to_vec());
-        Err(rustls::Error::General("read only, never trusted".into()))
+        Err(never_trusted())
     }
 
     fn verify_tls12_signature(
@@ -99,7 +106,7 @@ impl ServerCertVerifier for Record {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("read only, never trusted".into()))
+        Err(never_trusted())
     }
 
     fn verify_tls13_signature(
@@ -108,7 +115,7 @@ impl ServerCertVerifier for Record {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("read only, never trusted".into()))
+        Err(never_trusted())
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

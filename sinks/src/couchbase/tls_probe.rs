@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::RootCertStore;
 use rustls_pki_types::{CertificateDer, ServerName};
 
 /// The default TLS (kvSSL) port of a `couchbases://` seed.
@@ -52,22 +51,13 @@ pub async fn refused_certificate(
     uri: &str,
     ca_certs: Option<&[CertificateDer<'static>]>,
 ) -> Option<String> {
-    let (roots, trusted) = match ca_certs {
+    let config = match ca_certs {
         Some(certs) => {
-            let mut roots = RootCertStore::empty();
-            for cert in certs {
-                roots.add(cert.clone()).ok()?;
-            }
-            (roots, "the given CAs")
+            let roots = crate::tls::roots_of(certs.iter().cloned()).ok()?;
+            crate::tls::client_config(roots, "the given CAs").ok()?
         }
-        None => (
-            RootCertStore {
-                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-            },
-            crate::tls::WEB_CAS,
-        ),
+        None => crate::tls::client_config_web().ok()?,
     };
-    let config = crate::tls::client_config(roots, trusted).ok()?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     for (host, port) in seeds(uri) {
         if ca_certs.is_none() && host.to_ascii_lowercase().ends_with(CAPELLA_DOMAIN) {

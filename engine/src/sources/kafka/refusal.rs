@@ -81,11 +81,7 @@ fn broker_of(reason: &str) -> Option<&str> {
 fn presented_certificate(broker: &str) -> Option<urutau_planner::certificate::Described> {
     use crate::sources::tls_probe::{Preamble, server_certificate};
     let (host, port) = broker.rsplit_once(':')?;
-    server_certificate(
-        host.trim_matches(['[', ']']),
-        port.parse().ok()?,
-        Preamble::None,
-    )
+    server_certificate(host, port.parse().ok()?, Preamble::None)
 }
 
 /// The client context of the Kafka source: keeps the first refusal.

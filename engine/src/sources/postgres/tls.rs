@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use pgwire_replication::{SslMode, TlsConfig};
+use urutau_planner::certificate::Refusal;
 use urutau_planner::options::OptionMap;
 
 use crate::sources::SourceError;
@@ -157,16 +158,20 @@ impl TlsSettings {
             Some(p) => format!("the CA in sslrootcert `{}`", p.display()),
             None => "the built-in web CAs (no sslrootcert given)".into(),
         };
-        if error.contains("UnknownIssuer") || error.contains("unknown issuer") {
-            format!(
-                "the server's certificate is not signed by {roots} (sslmode={}); set sslrootcert to the CA that signed it",
-                self.mode
-            )
-        } else if error.contains("NotValidForName") || error.contains("not valid for name") {
-            "the server's certificate does not name the host of the uri (sslmode=verify-full checks it); connect by a name the certificate holds, or use verify-ca".to_string()
-        } else if error.contains("Expired") || error.contains("expired") {
-            "the server's certificate has expired".to_string()
-        } else if error.contains("does not support TLS")
+        match Refusal::in_text(error) {
+            Some(Refusal::UnknownIssuer) => {
+                return format!(
+                    "the server's certificate is not signed by {roots} (sslmode={}); set sslrootcert to the CA that signed it",
+                    self.mode
+                );
+            }
+            Some(Refusal::NotValidForName) => {
+                return "the server's certificate does not name the host of the uri (sslmode=verify-full checks it); connect by a name the certificate holds, or use verify-ca".to_string();
+            }
+            Some(Refusal::Expired) => return "the server's certificate has expired".to_string(),
+            None => {}
+        }
+        if error.contains("does not support TLS")
             || error.contains("does not support SSL")
             || error.contains("server does not support")
         {
@@ -206,7 +211,7 @@ pub async fn failed(doing: &str, uri: &str, error: &str) -> SourceError {
         .as_ref()
         .and_then(|u| TlsSettings::of(u).ok())
         .map_or_else(|| "TLS failed".to_string(), |s| s.explain(error));
-    if is_certificate_refusal(error)
+    if Refusal::in_text(error).is_some()
         && let Some(url) = &url
         && let Some(host) = url.host_str()
         && let Some(seen) = probe(host, url.port().unwrap_or(5432)).await
@@ -222,26 +227,12 @@ pub async fn failed(doing: &str, uri: &str, error: &str) -> SourceError {
 /// What the certificate of the Postgres server at `host:port` says.
 async fn probe(host: &str, port: u16) -> Option<urutau_planner::certificate::Described> {
     use crate::sources::tls_probe::{Preamble, server_certificate};
-    let host = host.trim_matches(['[', ']']).to_string();
+    let host = host.to_string();
     tokio::task::spawn_blocking(move || {
         server_certificate(&host, port, Preamble::PostgresSslRequest)
     })
     .await
     .ok()?
-}
-
-/// Whether `error` is the server's certificate refused by our side.
-fn is_certificate_refusal(error: &str) -> bool {
-    [
-        "UnknownIssuer",
-        "unknown issuer",
-        "NotValidForName",
-        "not valid for name",
-        "Expired",
-        "expired",
-    ]
-    .iter()
-    .any(|needle| error.contains(needle))
 }
 
 /// `error` with a hint when the server refused an unencrypted connection
