@@ -3,9 +3,10 @@
 //! and a snapshotting run, and kept away for longer than the retry budget;
 //! the network to it cut through a TCP proxy (tests/common/proxy.rs);
 //! ClickHouse and the Iceberg REST catalog with its S3 stopped mid-run; a
-//! slot the server invalidated.
+//! slot the server invalidated; a 5M-row transaction killed while staged.
 //! Every case ends with the sink read back by its independent reader
-//! (DuckDB, the ClickHouse engine) equal to Postgres, and
+//! (DuckDB, the ClickHouse engine; for the 5M rows, a digest by Iceberg's
+//! Java reader) equal to Postgres, and
 //! the slot never acknowledged past what the sinks hold.
 
 mod common;
@@ -925,4 +926,177 @@ async fn a_silent_network_to_postgres_is_noticed_and_ridden_out() {
     proxy.restore();
 
     after_the_network_returns(&mut child, &addr, &log, &python, dir.path(), &db).await;
+}
+
+/// The peak resident memory (VmHWM) of process `pid` so far, in KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Waits for `child` to exit, reading its peak memory every 20 ms (VmHWM
+/// only grows; the last reading before the exit is the figure).
+fn wait_with_peak(child: &mut Child, limit: Duration) -> (std::process::ExitStatus, u64) {
+    let deadline = Instant::now() + limit;
+    let mut peak = 0;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, peak);
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the run did not end within {limit:?}");
+        }
+        peak = peak.max(peak_rss_kib(child.id()).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A digest of `big` by Postgres in the shape of Iceberg's Java reader's.
+async fn big_digest(db: &PgPool) -> Value {
+    let (rows, id, v, h, amount, note): (i64, String, String, String, String, i64) =
+        sqlx::query_as(
+            "SELECT count(*), sum(id)::text, sum(v)::text, sum(h)::text, sum(amount)::text,
+                    sum(char_length(note))::int8 FROM big",
+        )
+        .fetch_one(db)
+        .await
+        .unwrap();
+    let number = |s: &str| -> Value { serde_json::from_str(s).unwrap() };
+    serde_json::json!({
+        "rows": rows,
+        "sum": {"id": number(&id), "v": number(&v), "h": number(&h), "amount": amount},
+        "length": {"note": note},
+    })
+}
+
+/// The largest case of the suite: one UPDATE of 5,000,000 rows in a single
+/// transaction. The run streams it in parts (staged on the Iceberg table's
+/// branch, memory bounded by `max_batch_rows`), is killed with SIGKILL while
+/// parts are staged, and the restart lands the transaction at once. Its
+/// peak memory stays within a small multiple of a 10,000-row transaction's
+/// in the same run, and Iceberg's Java reader (which applies the equality
+/// deletes as Iceberg defines them) reads a table whose row count and sums
+/// (key, each value column, text lengths) equal Postgres's.
+#[tokio::test]
+async fn a_5m_row_transaction_is_staged_in_bounded_memory_through_kill_9() {
+    const ROWS: i64 = 5_000_000;
+    let (_python, dir, pg, db) = start().await;
+    db.execute(
+        format!(
+            "CREATE TABLE big (id bigint PRIMARY KEY, v bigint NOT NULL, h bigint NOT NULL,
+                               amount numeric(14,2), note text);
+             INSERT INTO big SELECT i, 0, 0, i * 0.01, 'row ' || i FROM generate_series(1, {ROWS}) i;"
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    let p = dir.path().join("big.sql");
+    std::fs::write(
+        &p,
+        format!(
+            "CREATE PIPELINE pg WITH (max_batch_rows = 20000, max_batch_interval = '200ms');
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot = 'none');
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
+CREATE TABLE lake.big WITH (primary_key = 'id') AS SELECT * FROM src.public.big;
+",
+            uri = pg.uri(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("run.log");
+    let mut child = spawn_run(&p, &free_addr(), &log);
+    assert!(wait_streaming(&db).await, "the run streams from its slot");
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // The small case: 10,000 rows in one transaction, one commit.
+    db.execute("UPDATE big SET v = v + 1, h = (id * 7919) % 100003 WHERE id <= 10000")
+        .await
+        .unwrap();
+    let landed = eventually(120, || async {
+        committed(dir.path(), "big").await.is_some()
+    })
+    .await;
+    assert!(landed, "the 10k-row transaction lands:\n{}", log_text());
+    let peak_small = peak_rss_kib(child.id()).unwrap();
+
+    // The large case: every row, one transaction.
+    db.execute("UPDATE big SET v = v + 2, h = (id * 104729) % 1000003, note = note || ' updated'")
+        .await
+        .unwrap();
+    let staged = eventually(600, || async {
+        let Some(loc) =
+            common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "big").await
+        else {
+            return false;
+        };
+        let md: Value = serde_json::from_str(
+            &std::fs::read_to_string(loc.trim_start_matches("file://")).unwrap(),
+        )
+        .unwrap();
+        md["refs"].get("urutau-staging").is_some()
+    })
+    .await;
+    assert!(
+        staged,
+        "parts of the transaction are staged:\n{}",
+        log_text()
+    );
+    // Some more parts, then SIGKILL.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run is up:\n{}",
+        log_text()
+    );
+    let peak_killed = peak_rss_kib(child.id()).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = common::iceberg_java_digest(
+        &common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "big")
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        before["rows"], 10_000,
+        "nothing of the killed transaction is visible: {before}"
+    );
+
+    // The restart lands it, in one commit, in bounded memory.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", p.to_str().unwrap(), "--exit-when-caught-up"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let (status, peak_large) = wait_with_peak(&mut child, Duration::from_secs(1800));
+    assert!(
+        status.success(),
+        "the restart ends: {status}\n{}",
+        log_text()
+    );
+    eprintln!(
+        "peak RSS: 10k-row transaction {} MiB, 5M-row transaction {} MiB (the killed run had {} MiB)",
+        peak_small / 1024,
+        peak_large / 1024,
+        peak_killed / 1024
+    );
+    assert!(
+        peak_large <= 4 * peak_small,
+        "the 5M-row transaction took {peak_large} KiB, more than 4 x the 10k-row one's {peak_small} KiB"
+    );
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "big")
+        .await
+        .unwrap();
+    let md: Value =
+        serde_json::from_str(&std::fs::read_to_string(loc.trim_start_matches("file://")).unwrap())
+            .unwrap();
+    assert!(
+        md["refs"].get("urutau-staging").is_none(),
+        "the branch is gone"
+    );
+    assert_eq!(common::iceberg_java_digest(&loc), big_digest(&db).await);
 }

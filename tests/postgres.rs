@@ -353,6 +353,162 @@ async fn snapshot_reads_escaped_values_back_exactly() {
     assert!(escaped > 100, "{escaped} rows with escaped names");
 }
 
+/// Tables keyed by a uuid, by text and by a skewed bigint (two dense runs
+/// 10^15 apart) are each split at sampled quantiles into ranges of about
+/// the same size, read by two sessions while a writer changes every table:
+/// about one chunk per range (an even split; an equal-width split of the
+/// skewed key would leave one range with most rows), and after a kill -9
+/// and a run to the end DuckDB reads the text- and bigint-keyed tables
+/// equal to Postgres (the uuid-keyed one: see the comment at the end).
+#[tokio::test]
+async fn uuid_text_and_skewed_keys_are_split_evenly_and_end_equal() {
+    let (python, dir, pg, db) = start().await;
+    const ROWS: i64 = 10_000;
+    db.execute(
+        "CREATE TABLE keyed_uuid (id uuid PRIMARY KEY, v bigint);
+         CREATE TABLE keyed_text (id text PRIMARY KEY, v bigint);
+         CREATE TABLE keyed_skew (id bigint PRIMARY KEY, v bigint);
+         INSERT INTO keyed_uuid SELECT md5(i::text)::uuid, i FROM generate_series(1, 10000) i;
+         INSERT INTO keyed_text SELECT 'key ' || i || ' é', i FROM generate_series(1, 10000) i;
+         INSERT INTO keyed_skew SELECT i, i FROM generate_series(1, 6000) i;
+         INSERT INTO keyed_skew SELECT 1000000000000000 + i, i FROM generate_series(1, 4000) i;",
+    )
+    .await
+    .unwrap();
+    let tables = ["keyed_uuid", "keyed_text", "keyed_skew"];
+    let mut text = format!(
+        "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000, snapshot_parallelism = 2);
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
+",
+        uri = pg.uri(),
+        d = dir.path().display()
+    );
+    for t in tables {
+        text += &format!(
+            "CREATE TABLE lake.{t} WITH (primary_key = 'id') AS SELECT * FROM src.public.{t};\n"
+        );
+    }
+    let p = dir.path().join("keys.sql");
+    std::fs::write(&p, text).unwrap();
+
+    // A writer changes every table while it is copied: updates, deletes
+    // and new keys, each in its own transaction.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (db, stop) = (db.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(5);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let i = rng.random_range(1..=ROWS);
+                let sql = match rng.random_range(0..9) {
+                    0 => format!("UPDATE keyed_uuid SET v = -v WHERE id = md5('{i}')::uuid"),
+                    1 => format!("DELETE FROM keyed_uuid WHERE id = md5('{i}')::uuid"),
+                    2 => format!("INSERT INTO keyed_uuid VALUES (gen_random_uuid(), {i})"),
+                    3 => format!("UPDATE keyed_text SET v = -v WHERE id = 'key {i} é'"),
+                    4 => format!("DELETE FROM keyed_text WHERE id = 'key {i} é'"),
+                    5 => format!("INSERT INTO keyed_text VALUES ('new {n} é', {i})"),
+                    6 => format!(
+                        "UPDATE keyed_skew SET v = -v WHERE id IN ({i}, 1000000000000000 + {i})"
+                    ),
+                    7 => format!("DELETE FROM keyed_skew WHERE id = 1000000000000000 + {i}"),
+                    _ => format!("INSERT INTO keyed_skew VALUES (500000000000000 + {n}, {i})"),
+                };
+                db.execute(sql.as_str()).await.unwrap();
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            n
+        })
+    };
+    let log_path = dir.path().join("run.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", p.to_str().unwrap(), "--log-level", "info"])
+        .env("URUTAU_TEST_SNAPSHOT_WINDOW_MS", "20")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let done = eventually(180, || async {
+        log().matches("initial snapshot complete").count() == tables.len()
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.await.unwrap();
+    assert!(done, "the snapshot did not complete:\n{}", log());
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run stopped:\n{}",
+        log()
+    );
+    child.kill().unwrap(); // SIGKILL, after the copy
+    child.wait().unwrap();
+    let log = log();
+    eprintln!("{writes} concurrent writes");
+
+    // `field=value` of the log line with `message` about `table`.
+    let figure = |message: &str, table: &str, field: &str| -> u64 {
+        let line = log
+            .lines()
+            .find(|l| l.contains(message) && l.contains(&format!("table=public.{table} ")))
+            .unwrap_or_else(|| panic!("no `{message}` line for {table}:\n{log}"));
+        let at = line.find(&format!(" {field}=")).unwrap() + field.len() + 2;
+        line[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    for t in tables {
+        let ranges = figure("snapshot key ranges", t, "ranges");
+        let chunks = figure("initial snapshot complete", t, "chunks");
+        eprintln!("{t}: {ranges} ranges, {chunks} chunks");
+        // 10,000 rows in chunks of 1,000 make 13 ranges of ~800 rows.
+        assert!((10..=16).contains(&ranges), "{t}: {ranges} ranges");
+        // Even ranges: a chunk each, bar a few the writer filled up.
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(t)).collect();
+        assert!(
+            chunks <= ranges + 3,
+            "{t}: {chunks} chunks for {ranges} ranges:\n{}",
+            lines.join("\n")
+        );
+    }
+
+    run_to_end(&p);
+    // The uuid-keyed table is split and copied like the others (above),
+    // but no independent reader reads it back right yet: iceberg-rust
+    // writes uuid columns without Parquet's UUID annotation, so Iceberg's
+    // Java reader does not apply equality deletes on them (rows read as
+    // byte[]) and DuckDB 1.5 fails on them ("Expected vector of type
+    // INT128, but found vector of type VARCHAR"). Issue 17's note says so.
+    for t in ["keyed_text", "keyed_skew"] {
+        let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", t)
+            .await
+            .unwrap();
+        let read = common::duckdb_rows(&python, &loc, "id");
+        let mut got: Vec<(String, i64)> = read
+            .iter()
+            .map(|r| {
+                let id = match &r["id"] {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (id, r["v"].as_i64().unwrap())
+            })
+            .collect();
+        let mut want: Vec<(String, i64)> = sqlx::query_as(&format!("SELECT id::text, v FROM {t}"))
+            .fetch_all(&db)
+            .await
+            .unwrap();
+        got.sort();
+        want.sort();
+        assert!(want.len() as i64 > ROWS / 2, "{t}: {} rows", want.len());
+        assert_eq!(got.len(), want.len(), "{t}: rows read back");
+        assert!(
+            got == want,
+            "{t}: the rows read back differ from Postgres's"
+        );
+    }
+}
+
 /// While the routed tables are idle and the rest of the database is busy,
 /// the slot follows the server's WAL (no WAL is retained for tables the
 /// pipeline does not read), and `pg_ctl stop -m fast` completes while

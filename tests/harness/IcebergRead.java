@@ -120,9 +120,15 @@ public class IcebergRead {
         Comparator<Record> by = null;
         for (String c : orderBy) {
           String name = c.trim();
+          // A fixed or uuid column written without Parquet's UUID
+          // annotation (iceberg-rust writes none) reads as byte[]: ordered
+          // as bytes.
           Comparator<Record> one =
               Comparator.comparing(
-                  (Record r) -> (Comparable) r.getField(name),
+                  (Record r) -> {
+                    Object v = r.getField(name);
+                    return (Comparable) (v instanceof byte[] ? ByteBuffer.wrap((byte[]) v) : v);
+                  },
                   Comparator.nullsLast(Comparator.naturalOrder()));
           by = by == null ? one : by.thenComparing(one);
         }

@@ -73,6 +73,9 @@ pub struct TableSnapshot {
     pub progress: SnapshotProgress,
     pub copied: u64,
     pub estimated: u64,
+    /// Chunks emitted in this run (logged when the table is done: about
+    /// one per key range when the ranges are even).
+    chunks: u64,
     /// When this run's first chunk of the table closed (the rate's start).
     started: Option<Instant>,
 }
@@ -230,6 +233,7 @@ impl Snapshotter {
         let t = &mut self.tables[chunk.snapshot];
         t.started.get_or_insert_with(Instant::now);
         t.copied += emitted as u64;
+        t.chunks += 1;
         if chunk.last {
             t.progress = SnapshotProgress::Complete;
         } else if let Some(k) = &chunk.resume_after {
@@ -241,7 +245,7 @@ impl Snapshotter {
         }
         publish(&self.metrics, t, self.terminal);
         if t.progress.is_complete() {
-            tracing::info!(table = %t.pg, rows = t.copied, rows_per_second = t.rate().map(|r| r.round()), "initial snapshot complete");
+            tracing::info!(table = %t.pg, rows = t.copied, chunks = t.chunks, rows_per_second = t.rate().map(|r| r.round()), "initial snapshot complete");
         }
     }
 }
@@ -313,6 +317,7 @@ async fn describe(
             progress,
             copied: 0,
             estimated: estimated as u64,
+            chunks: 0,
             started: None,
         });
     }

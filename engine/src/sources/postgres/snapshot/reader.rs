@@ -238,7 +238,11 @@ async fn read_ranges(
                     settings.chunk_rows,
                 )
                 .await?;
-                tracing::debug!(table = %plan.pg, ranges = split.count(), "snapshot key ranges");
+                tracing::info!(
+                    table = %plan.pg,
+                    ranges = split.count(),
+                    "snapshot key ranges"
+                );
                 work.split_known(i, split);
                 continue;
             }
@@ -333,8 +337,8 @@ async fn copy_range(
 /// below `upper` on it.
 struct Bounds<'a> {
     after: Option<&'a [String]>,
-    lower: Option<i128>,
-    upper: Option<i128>,
+    lower: Option<&'a str>,
+    upper: Option<&'a str>,
 }
 
 /// A snapshot session: text output as the replication session's, and
@@ -433,15 +437,16 @@ fn chunk_sql(plan: &ReadPlan, bounds: &Bounds<'_>, limit: usize) -> String {
         .collect();
     let order: Vec<String> = plan.key.iter().map(|k| quote_ident(&k.name)).collect();
     let first = &order[0];
+    let bound = |value: &str| format!("{}::{}", ranges::literal(value), plan.key[0].type_name);
     let mut filters = Vec::new();
     if let Some(values) = bounds.after {
         filters.push(ranges::after_filter(&plan.key, values));
     }
     if let Some(l) = bounds.lower {
-        filters.push(format!("{first} > {l}"));
+        filters.push(format!("{first} > {}", bound(l)));
     }
     if let Some(u) = bounds.upper {
-        filters.push(format!("{first} <= {u}"));
+        filters.push(format!("{first} <= {}", bound(u)));
     }
     let filter = match filters.is_empty() {
         true => String::new(),
