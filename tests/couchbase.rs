@@ -424,6 +424,160 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
     );
 }
 
+/// A cluster that stops answering for 6 s mid-run (the mock's processes
+/// frozen with SIGSTOP: every connection stays open and silent, the data
+/// is kept) is waited out: the sink's timeouts are transient, the run
+/// retries them with backoff (`/statusz` says why, `/metrics` counts them)
+/// instead of exiting, and once the cluster answers again it carries on;
+/// the Python SDK reads every document equal to the source's final state.
+#[test]
+fn a_cluster_that_stops_answering_is_waited_out_and_ends_equal() {
+    let python = python();
+    let dir = tempfile::tempdir().unwrap();
+    let cb = Couchbase::start(&python, &dir.path().join("cb"));
+    let data = dir.path().join("changes.jsonl");
+    let (lines, state) = workload(1307, 3_000, KEYS);
+    write_lines(&data, &lines[..1000]);
+    // The sink gives a silent cluster 1 s per operation and retries it
+    // itself for 2 s; then the run retries the batch (retry_timeout: the
+    // default, minutes).
+    let p = pipeline(
+        dir.path(),
+        &data,
+        &cb,
+        "paused",
+        ", timeout = '1s', retry_for = '2s'",
+        "",
+    );
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let log_path = dir.path().join("run.log");
+    // Tailing the file: it runs until it is stopped.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
+        .args(["run", p.to_str().unwrap(), "--metrics-addr", &addr])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let get = |path: &str| -> String {
+        let url = format!("http://{addr}{path}");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            match reqwest::get(url).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => format!("no answer: {e}"),
+            }
+        })
+    };
+    let started = Instant::now();
+    while cb.get("paused", "_default", "items", &[CONTROL.into()])[CONTROL].is_null() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "nothing was committed:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    cb.pause();
+    let paused = Instant::now();
+    // More changes arrive while the cluster is silent.
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&data)
+            .unwrap();
+        for l in &lines[1000..] {
+            writeln!(f, "{l}").unwrap();
+        }
+    }
+    let mut why = String::new();
+    while paused.elapsed() < Duration::from_secs(6) {
+        let health = get("/healthz");
+        if health.contains("retrying") {
+            why = health;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run exited while the cluster was silent:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    cb.resume();
+    eprintln!("while silent: {why}");
+    assert!(
+        why.contains("retrying route cb.items") && why.contains("couchbase"),
+        "/healthz did not say the run was retrying the Couchbase route: {why}\n{}",
+        log()
+    );
+    let metrics = get("/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("urutau_retries_total") && !l.ends_with(" 0")),
+        "no retry counted:\n{metrics}"
+    );
+
+    // The run carries on: every document reaches the source's final state.
+    let mut want: BTreeMap<String, Value> = (1..=KEYS)
+        .map(|id| (format!("[{id}]"), Value::Null))
+        .collect();
+    for (id, row) in &state {
+        let mut doc = row.source.clone();
+        doc["_urutau"] = json!({ "op": "?" });
+        want.insert(format!("[{id}]"), doc);
+    }
+    let keys: Vec<String> = want.keys().cloned().collect();
+    let equal = |read: &BTreeMap<String, Value>| -> Vec<String> {
+        want.iter()
+            .filter(|(k, w)| {
+                let r = read.get(*k).unwrap_or(&Value::Null);
+                // The op depends on the key's last change; the row is what
+                // must match.
+                let strip = |v: &Value| {
+                    let mut v = v.clone();
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("_urutau");
+                    }
+                    v
+                };
+                strip(r) != strip(w)
+            })
+            .map(|(k, w)| format!("{k}: read {:?}, want {w}", read.get(k)))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let d = equal(&cb.get("paused", "_default", "items", &keys));
+        if d.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} documents differ after the cluster came back: {:#?}\n{}",
+            d.len(),
+            &d[..d.len().min(5)],
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the run is up");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !log().contains(&format!("'{}'", cb.password)),
+        "the password was logged"
+    );
+}
+
 /// append-idempotent: one document per change, keyed by its coordinate
 /// (file, 0, the line's byte offset), so the replay that follows a forced
 /// rollback of the position overwrites instead of duplicating.

@@ -1011,6 +1011,31 @@ impl Couchbase {
         serde_json::from_slice(&out.stdout).expect("the reader prints JSON")
     }
 
+    /// Freezes the mock's process group (SIGSTOP): a node that stops
+    /// answering without closing a connection (a hung or overloaded
+    /// server, a network stall), keeping its data, unlike [`Self::stop`].
+    pub fn pause(&self) {
+        self.signal_group("-STOP");
+    }
+
+    /// Lets a [`Self::pause`]d mock go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal_group("-CONT");
+    }
+
+    fn signal_group(&self, signal: &str) {
+        let pid = self.mock.expect("the test started the mock");
+        let out = std::process::Command::new("kill")
+            .args([signal, "--", &format!("-{pid}")])
+            .output()
+            .expect("kill runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Stops the mock (a server lost mid-run): its process group is
     /// killed (it keeps everything in memory). By pid, not through its
     /// directory, which a test may have removed already.
