@@ -173,6 +173,9 @@ fn consumer(brokers: &str, name: &str) -> BaseConsumer {
         .set("auto.offset.reset", "error")
         .set("enable.partition.eof", "false")
         .set("allow.auto.create.topics", "false")
+        // As the source sets it: a full local queue pauses a partition's
+        // fetching for 10 ms, not librdkafka's default 1 s.
+        .set("fetch.queue.backoff.ms", "10")
         .create()
         .unwrap()
 }
