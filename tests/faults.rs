@@ -1022,22 +1022,18 @@ CREATE TABLE lake.big WITH (primary_key = 'id') AS SELECT * FROM src.public.big;
     .await;
     assert!(landed, "the 10k-row transaction lands:\n{}", log_text());
     let peak_small = peak_rss_kib(child.id()).unwrap();
+    // `main`'s history so far (each commit a reader can see adds one).
+    let main_history = |md: &Value| md["snapshot-log"].as_array().map_or(0, Vec::len);
+    let history_before = main_history(&metadata(dir.path()).await);
 
     // The large case: every row, one transaction.
     db.execute("UPDATE big SET v = v + 2, h = (id * 104729) % 1000003, note = note || ' updated'")
         .await
         .unwrap();
     let staged = eventually(600, || async {
-        let Some(loc) =
-            common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "big").await
-        else {
-            return false;
-        };
-        let md: Value = serde_json::from_str(
-            &std::fs::read_to_string(loc.trim_start_matches("file://")).unwrap(),
-        )
-        .unwrap();
-        md["refs"].get("urutau-staging").is_some()
+        metadata(dir.path()).await["refs"]
+            .get("urutau-staging")
+            .is_some()
     })
     .await;
     assert!(
@@ -1088,15 +1084,28 @@ CREATE TABLE lake.big WITH (primary_key = 'id') AS SELECT * FROM src.public.big;
         peak_large <= 4 * peak_small,
         "the 5M-row transaction took {peak_large} KiB, more than 4 x the 10k-row one's {peak_small} KiB"
     );
-    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "big")
-        .await
-        .unwrap();
-    let md: Value =
-        serde_json::from_str(&std::fs::read_to_string(loc.trim_start_matches("file://")).unwrap())
-            .unwrap();
+    let md = metadata(dir.path()).await;
     assert!(
         md["refs"].get("urutau-staging").is_none(),
         "the branch is gone"
     );
+    assert_eq!(
+        main_history(&md),
+        history_before + 1,
+        "the transaction reached readers in one commit: {}",
+        md["snapshot-log"]
+    );
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "big")
+        .await
+        .unwrap();
     assert_eq!(common::iceberg_java_digest(&loc), big_digest(&db).await);
+}
+
+/// The current metadata of `pg.big` in the SQLite catalog under `dir`.
+async fn metadata(dir: &std::path::Path) -> Value {
+    let loc = common::catalog_metadata_location(&dir.join("catalog.db"), "pg", "big")
+        .await
+        .unwrap();
+    serde_json::from_str(&std::fs::read_to_string(loc.trim_start_matches("file://")).unwrap())
+        .unwrap()
 }
