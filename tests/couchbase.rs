@@ -359,30 +359,11 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    loop {
-        let c = cb.get("lost", "_default", "items", &[CONTROL.into()]);
-        if !c[CONTROL].is_null() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "nothing was committed"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_committed(&cb, "lost", String::new);
     cb.stop();
     let lost = Instant::now();
     // More changes arrive while the cluster is gone.
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&data)
-        .unwrap();
-    for l in &lines[1000..] {
-        use std::io::Write;
-        writeln!(f, "{l}").unwrap();
-    }
-    drop(f);
+    append_lines(&data, &lines[1000..]);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -422,6 +403,29 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         !stderr.contains("password"),
         "the password was printed: {stderr}"
     );
+}
+
+/// Waits (at most 60 s) for the run's first commit into `bucket`'s
+/// `items` (its control document); `log` says why not.
+fn wait_committed(cb: &Couchbase, bucket: &str, log: impl Fn() -> String) {
+    let started = Instant::now();
+    while cb.get(bucket, "_default", "items", &[CONTROL.into()])[CONTROL].is_null() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "nothing was committed:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Appends `lines` to the file a tailing run reads.
+fn append_lines(data: &Path, lines: &[String]) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(data).unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
 }
 
 /// A cluster that stops answering for 6 s mid-run (the mock's processes
@@ -475,29 +479,12 @@ fn a_cluster_that_stops_answering_is_waited_out_and_ends_equal() {
             }
         })
     };
-    let started = Instant::now();
-    while cb.get("paused", "_default", "items", &[CONTROL.into()])[CONTROL].is_null() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "nothing was committed:\n{}",
-            log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_committed(&cb, "paused", log);
 
     cb.pause();
     let paused = Instant::now();
     // More changes arrive while the cluster is silent.
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&data)
-            .unwrap();
-        for l in &lines[1000..] {
-            writeln!(f, "{l}").unwrap();
-        }
-    }
+    append_lines(&data, &lines[1000..]);
     let mut why = String::new();
     while paused.elapsed() < Duration::from_secs(6) {
         let health = get("/healthz");

@@ -1040,16 +1040,9 @@ impl Couchbase {
     /// killed (it keeps everything in memory). By pid, not through its
     /// directory, which a test may have removed already.
     pub fn stop(&mut self) {
-        if let Some(pid) = self.mock.take() {
-            let out = std::process::Command::new("kill")
-                .args(["-KILL", "--", &format!("-{pid}")])
-                .output()
-                .expect("kill runs");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+        if self.mock.is_some() {
+            self.signal_group("-KILL");
+            self.mock = None;
         }
     }
 }
