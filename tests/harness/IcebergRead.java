@@ -120,9 +120,9 @@ public class IcebergRead {
         Comparator<Record> by = null;
         for (String c : orderBy) {
           String name = c.trim();
-          // A fixed or uuid column written without Parquet's UUID
-          // annotation (iceberg-rust writes none) reads as byte[]: ordered
-          // as bytes.
+          // A fixed column reads as byte[], and so does a uuid column in
+          // a file written without Parquet's UUID annotation (iceberg-rust's
+          // own writer, or urutau before it annotated): ordered as bytes.
           Comparator<Record> one =
               Comparator.comparing(
                   (Record r) -> {

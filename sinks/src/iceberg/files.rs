@@ -4,13 +4,12 @@
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use iceberg::arrow::{RecordBatchPartitionSplitter, arrow_schema_to_schema};
+use iceberg::arrow::RecordBatchPartitionSplitter;
 use iceberg::spec::{
     DataContentType, DataFile, DataFileFormat, PartitionKey, Struct, TableProperties,
 };
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
-use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{
     DefaultFileNameGenerator, DefaultLocationGenerator,
 };
@@ -22,6 +21,7 @@ use parquet::schema::types::ColumnPath;
 use urutau_planner::sink::SinkError;
 
 use super::io_error;
+use super::parquet_file::ParquetFileWriterBuilder;
 
 /// Parquet settings: ZSTD, and no dictionary for the `plain` columns.
 fn properties(plain: impl IntoIterator<Item = String>) -> WriterProperties {
@@ -150,10 +150,11 @@ impl DataWriter {
                         self.closed.extend(oldest.close().await.map_err(&err)?);
                     }
                     let rolling = RollingFileWriterBuilder::new(
-                        ParquetWriterBuilder::new(
+                        ParquetFileWriterBuilder::try_new(
                             properties(unique_key_column(key_names(&schema), self.unique_keys)),
                             schema.clone(),
-                        ),
+                        )
+                        .map_err(&err)?,
                         self.target_size,
                         table.file_io().clone(),
                         DefaultLocationGenerator::new(md).map_err(&err)?,
@@ -197,9 +198,33 @@ pub async fn write_equality_deletes(
         return Ok(vec![]);
     }
     let err = io_error("writing equality-delete files");
-    let key_schema = Arc::new(arrow_schema_to_schema(keys.schema().as_ref()).map_err(&err)?);
+    // The key fields as the table has them (a uuid stays a uuid, not the
+    // 16-byte fixed its Arrow form would give, so the file annotates it).
+    let table_schema = table.metadata().current_schema();
+    let key_fields = keys
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| {
+            table_schema
+                .field_by_name(f.name())
+                .cloned()
+                .ok_or_else(|| {
+                    SinkError::Io(format!(
+                        "writing equality-delete files: the table has no key column {}",
+                        f.name()
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let key_schema = Arc::new(
+        iceberg::spec::Schema::builder()
+            .with_fields(key_fields)
+            .build()
+            .map_err(&err)?,
+    );
     let mut w = RollingFileWriterBuilder::new_with_default_file_size(
-        ParquetWriterBuilder::new(
+        ParquetFileWriterBuilder::try_new(
             properties(unique_key_column(
                 keys.schema()
                     .fields()
@@ -209,7 +234,8 @@ pub async fn write_equality_deletes(
                 true,
             )),
             key_schema,
-        ),
+        )
+        .map_err(&err)?,
         table.file_io().clone(),
         DefaultLocationGenerator::new(table.metadata()).map_err(&err)?,
         names("eq-deletes"),

@@ -18,6 +18,7 @@ pub mod maintenance;
 mod maintenance_turn;
 mod manifest_merge;
 mod orphans;
+mod parquet_file;
 mod read;
 pub mod schema;
 
