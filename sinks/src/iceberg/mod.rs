@@ -21,6 +21,7 @@ mod orphans;
 mod parquet_file;
 mod read;
 pub mod schema;
+mod uuid_text;
 
 use std::collections::HashMap;
 use std::sync::Arc;

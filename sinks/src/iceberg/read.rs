@@ -46,6 +46,7 @@ use urutau_planner::sink::SinkError;
 
 use super::compaction::{LiveFile, live_files};
 use super::deletes::DeletedKeys;
+use super::uuid_text;
 use super::{conform_by_name, io_error};
 
 /// One live data file to read.
@@ -63,10 +64,11 @@ pub async fn provider(table: Table) -> Result<Arc<dyn TableProvider>, SinkError>
     let live = live_files(&table).await?;
     if !hashable_deletes(&table, &live.files) {
         tracing::debug!(table = %table.identifier(), "delete files this reader does not hash: iceberg-datafusion's scan");
+        let schema = table.metadata().current_schema().clone();
         let provider = IcebergStaticTableProvider::try_new_from_table(table)
             .await
             .map_err(io_error("reading the table"))?;
-        return Ok(Arc::new(provider));
+        return Ok(uuid_text::wrap(Arc::new(provider), &schema));
     }
     let schema = table.metadata().current_schema().clone();
     let arrow: ArrowSchemaRef =
@@ -92,12 +94,15 @@ pub async fn provider(table: Table) -> Result<Arc<dyn TableProvider>, SinkError>
             })?,
         });
     }
-    Ok(Arc::new(IcebergTableReader {
-        table,
-        arrow,
-        files: Arc::new(files),
-        deletes: Arc::new(deletes),
-    }))
+    Ok(uuid_text::wrap(
+        Arc::new(IcebergTableReader {
+            table,
+            arrow,
+            files: Arc::new(files),
+            deletes: Arc::new(deletes),
+        }),
+        &schema,
+    ))
 }
 
 /// Whether every delete file is one the sink writes: equality deletes on
