@@ -10,7 +10,9 @@
 //! counts, bounds, split offsets) from the file's footer on iceberg's
 //! public API, as iceberg-rust's writer does.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
@@ -178,8 +180,8 @@ impl FileWriter for ParquetFileWriter {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        let fields = self.builder.schema.as_struct().fields().to_vec();
-        count_nans(&fields, batch.columns(), &mut self.nan_counts);
+        let fields = self.builder.schema.as_struct().fields();
+        count_nans(fields, batch.columns(), &mut self.nan_counts);
         self.rows += batch.num_rows();
         self.open()
             .await?
@@ -251,14 +253,6 @@ fn count_nans(fields: &[NestedFieldRef], columns: &[ArrayRef], counts: &mut Hash
 
 /// The data file's description from the Parquet footer: sizes, counts
 /// and bounds per field id (leaf columns carry their field's id).
-///
-/// A `uuid` field gets no bounds. Parquet orders UUIDs as unsigned bytes
-/// (as the RFCs do), but Iceberg's Java library up to 1.10 compares them
-/// as Java's signed longs (apache/iceberg#14216): given unsigned bounds it
-/// decides that an equality-delete file cannot touch a data file whose
-/// range crosses 0x80.. and skips it (a deleted row reads back), and a
-/// filter on the column skips files that hold matches. Without bounds
-/// every reader reads them; bounds are optional in the spec.
 fn data_file(
     schema: &Schema,
     footer: &ParquetMetaData,
@@ -290,32 +284,15 @@ fn data_file(
             if let Some(n) = stats.null_count_opt() {
                 *nulls.entry(id).or_default() += n;
             }
-            if *ty == PrimitiveType::Uuid {
-                continue; // no bounds: see `data_file`'s doc
-            }
             if stats.min_is_exact()
                 && let Some(min) = bound(ty, stats, stats.min_bytes_opt())
             {
-                lower
-                    .entry(id)
-                    .and_modify(|b| {
-                        if *b > min {
-                            *b = min.clone()
-                        }
-                    })
-                    .or_insert(min);
+                keep(&mut lower, id, min, Ordering::Less);
             }
             if stats.max_is_exact()
                 && let Some(max) = bound(ty, stats, stats.max_bytes_opt())
             {
-                upper
-                    .entry(id)
-                    .and_modify(|b| {
-                        if *b < max {
-                            *b = max.clone()
-                        }
-                    })
-                    .or_insert(max);
+                keep(&mut upper, id, max, Ordering::Greater);
             }
         }
     }
@@ -342,22 +319,48 @@ fn data_file(
     b
 }
 
+/// Keeps in `bounds` for `id` whichever of the bound there and `value`
+/// compares as `wins` to the other (`Less` for lower bounds).
+fn keep(bounds: &mut HashMap<i32, Datum>, id: i32, value: Datum, wins: Ordering) {
+    match bounds.entry(id) {
+        Entry::Occupied(mut held) => {
+            if value.partial_cmp(held.get()) == Some(wins) {
+                held.insert(value);
+            }
+        }
+        Entry::Vacant(slot) => {
+            slot.insert(value);
+        }
+    }
+}
+
 /// A bound of a column of type `ty` from a Parquet statistic's plain
 /// bytes. Plain encoding is Iceberg's single-value serialization for every
 /// type but a decimal stored as an int32 or int64 (little- vs big-endian);
 /// a statistic of another physical type than the one `ty` is written as
 /// gives no bound (bounds are optional; a wrong one would prune rows).
+///
+/// A `uuid` gets no bound. Parquet orders UUIDs as unsigned bytes (as the
+/// RFCs do), but Iceberg's Java library up to 1.10 compares them as Java's
+/// signed longs (apache/iceberg#14216): given unsigned bounds it decides
+/// that an equality-delete file cannot touch a data file whose range
+/// crosses 0x80.. and skips it (a deleted row reads back), and a filter on
+/// the column skips files that hold matches. Without bounds every reader
+/// reads them.
 fn bound(ty: &PrimitiveType, stats: &Statistics, bytes: Option<&[u8]>) -> Option<Datum> {
     use PrimitiveType as P;
     use Statistics as S;
     let bytes = bytes?;
-    let bytes: Vec<u8> = match (ty, stats) {
-        (P::Decimal { .. }, S::Int32(_)) => i32::from_le_bytes(bytes.try_into().ok()?)
-            .to_be_bytes()
-            .to_vec(),
-        (P::Decimal { .. }, S::Int64(_)) => i64::from_le_bytes(bytes.try_into().ok()?)
-            .to_be_bytes()
-            .to_vec(),
+    let widened: [u8; 16];
+    let bytes: &[u8] = match (ty, stats) {
+        (P::Decimal { .. }, S::Int32(_)) => {
+            widened = i128::from(i32::from_le_bytes(bytes.try_into().ok()?)).to_be_bytes();
+            &widened
+        }
+        (P::Decimal { .. }, S::Int64(_)) => {
+            widened = i128::from(i64::from_le_bytes(bytes.try_into().ok()?)).to_be_bytes();
+            &widened
+        }
         (P::Boolean, S::Boolean(_))
         | (P::Int | P::Date, S::Int32(_))
         | (P::Long, S::Int32(_) | S::Int64(_))
@@ -368,10 +371,10 @@ fn bound(ty: &PrimitiveType, stats: &Statistics, bytes: Option<&[u8]>) -> Option
         | (P::Float, S::Float(_))
         | (P::Double, S::Float(_) | S::Double(_))
         | (P::String | P::Binary | P::Decimal { .. }, S::ByteArray(_))
-        | (P::Uuid | P::Fixed(_) | P::Decimal { .. }, S::FixedLenByteArray(_)) => bytes.to_vec(),
+        | (P::Fixed(_) | P::Decimal { .. }, S::FixedLenByteArray(_)) => bytes,
         _ => return None,
     };
-    Datum::try_from_bytes(&bytes, ty.clone()).ok()
+    Datum::try_from_bytes(bytes, ty.clone()).ok()
 }
 
 /// iceberg's output file as the Arrow writer's sink.
@@ -622,7 +625,7 @@ mod tests {
         assert_eq!(theirs_types["id"], None);
 
         // Metrics equal iceberg-rust's, field by field, except that the
-        // uuid fields (1 and 19) have no bounds (see `data_file`).
+        // uuid fields (1 and 19) have no bounds (see `bound`).
         assert_eq!(ours.record_count(), 5);
         assert_eq!(ours.record_count(), theirs.record_count());
         assert_eq!(ours.column_sizes(), theirs.column_sizes());
