@@ -1462,6 +1462,61 @@ async fn commit_conflicts_retry_and_lost_responses_do_not_duplicate() {
     );
 }
 
+/// Batches prepared ahead of their commits (as the sink node prepares the
+/// next batch while committing one) while another writer commits: the
+/// prepared batch that wrote key 7 as new learns at its commit that a
+/// conflict since showed the other writer's key 7, and deletes it, so the
+/// table holds one row per key. A commit of a batch with a key the other
+/// writer holds in its files must never leave two rows of it.
+#[tokio::test]
+async fn a_batch_prepared_before_a_conflict_still_replaces_the_other_writers_key() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let text = id_v_pipeline(dir.path(), "p");
+    let a = common::plan_sql(&text).await.unwrap();
+    let b = common::plan_sql(&text).await.unwrap();
+    let (ra, rb) = (&a.routes[0], &b.routes[0]);
+    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
+    ra.sink.ensure_table(&ra.target).await.unwrap();
+    rb.sink.ensure_table(&rb.target).await.unwrap();
+    // a prepares two batches of keys it has never seen: both new to it.
+    let first = ra
+        .sink
+        .prepare(&ra.target, batch(&[(1, "a", false)]))
+        .await
+        .unwrap();
+    let second = ra
+        .sink
+        .prepare(&ra.target, batch(&[(7, "a", false)]))
+        .await
+        .unwrap();
+    // Meanwhile b commits key 7.
+    rb.sink
+        .commit(&rb.target, &batch(&[(7, "b", false)]), "5")
+        .await
+        .unwrap();
+    // a's first commit conflicts with b's and takes b's keys in; its own
+    // key 1 is not among them.
+    ra.sink
+        .commit_prepared(&ra.target, first, "10")
+        .await
+        .unwrap();
+    // a's second batch was written before that: its commit checks key 7.
+    ra.sink
+        .commit_prepared(&ra.target, second, "20")
+        .await
+        .unwrap();
+
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "p", "t")
+        .await
+        .unwrap();
+    let expected = vec![json!({"id": 1, "v": "a"}), json!({"id": 7, "v": "a"})];
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+    let md = metadata_json(&loc);
+    assert_eq!(md["properties"]["cdc.position"], "20");
+}
+
 /// A table the source does not touch advances its position without data:
 /// a properties-only commit, no snapshot, no empty files.
 #[tokio::test]

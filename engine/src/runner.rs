@@ -63,6 +63,10 @@ pub struct RouteReport {
     pub commits: u64,
     pub rows: u64,
     pub deletes: u64,
+    /// Microseconds the sink spent in its commits (writing files and
+    /// committing them), summed: against the run's wall time, how busy the
+    /// sink was.
+    pub commit_micros: u64,
     /// The position committed last (or found at start).
     pub position: Option<String>,
 }
@@ -896,6 +900,7 @@ async fn drive_route(
             report.commits += 1;
             report.rows += rows;
             report.deletes += deletes;
+            report.commit_micros += micros;
             tracing::debug!(route = %name, position = %position, "committed");
             metrics.committed(&name, &position, rows, deletes, micros as f64 / 1e6);
             committed.record(index, &position);

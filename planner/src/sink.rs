@@ -5,6 +5,7 @@
 //! data (or replayed idempotently), so a dead process resumes from what the
 //! sink holds and nothing durable lives in the engine.
 
+use std::any::Any;
 use std::fmt;
 
 use std::sync::Arc;
@@ -33,6 +34,32 @@ impl SinkBatch {
     /// Number of rows that are deletes.
     pub fn delete_count(&self) -> usize {
         self.deletes.true_count()
+    }
+}
+
+/// A batch with what its sink did ahead of committing it
+/// ([`Sink::prepare`]), handed back to [`Sink::commit_prepared`] or
+/// [`Sink::stage_prepared`].
+pub struct PreparedBatch {
+    pub batch: SinkBatch,
+    /// The sink's own part (e.g. the data files it wrote for the batch);
+    /// `None` when it did nothing ahead.
+    pub work: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl PreparedBatch {
+    /// A batch nothing was done ahead for.
+    pub fn plain(batch: SinkBatch) -> Self {
+        PreparedBatch { batch, work: None }
+    }
+}
+
+impl fmt::Debug for PreparedBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedBatch")
+            .field("rows", &self.batch.rows.num_rows())
+            .field("work", &self.work.is_some())
+            .finish()
     }
 }
 
@@ -151,6 +178,42 @@ pub trait Sink: Send + Sync + fmt::Debug {
         batch: &SinkBatch,
         position: &str,
     ) -> Result<(), SinkError>;
+
+    /// Does the part of committing `batch` that needs no earlier commit to
+    /// have finished (e.g. writing its data files), so the sink node can
+    /// do it for the next batch while the sink commits the current one
+    /// (the sink's I/O waits then overlap the next batch's encoding).
+    /// Called one batch at a time, in order; every result goes, in the
+    /// same order, to [`Sink::commit_prepared`] or [`Sink::stage_prepared`].
+    /// A prepared batch never committed (a crash, an earlier commit that
+    /// failed) must leave nothing any reader or
+    /// [`Sink::committed_position`] sees. Default: nothing ahead.
+    async fn prepare(
+        &self,
+        _table: &TargetTable,
+        batch: SinkBatch,
+    ) -> Result<PreparedBatch, SinkError> {
+        Ok(PreparedBatch::plain(batch))
+    }
+
+    /// [`Sink::commit`] of a batch [`Sink::prepare`] made.
+    async fn commit_prepared(
+        &self,
+        table: &TargetTable,
+        prepared: PreparedBatch,
+        position: &str,
+    ) -> Result<(), SinkError> {
+        self.commit(table, &prepared.batch, position).await
+    }
+
+    /// [`Sink::stage`] of a batch [`Sink::prepare`] made.
+    async fn stage_prepared(
+        &self,
+        table: &TargetTable,
+        prepared: PreparedBatch,
+    ) -> Result<(), SinkError> {
+        self.stage(table, &prepared.batch).await
+    }
 
     /// Whether the sink stages parts of a transaction into `table`
     /// ([`Sink::stage`]). A transaction larger than `max_batch_rows` then

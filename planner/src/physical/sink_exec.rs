@@ -4,6 +4,12 @@
 //! error names table, position and cause) — nothing is skipped. A part of a
 //! transaction that continues ([`crate::feed::Boundary::open_transaction`])
 //! is staged instead, and reports no commit.
+//!
+//! Two stages: a task prepares each batch ([`Sink::prepare`], e.g. writes
+//! its data files) while the stream commits the batch before it, so a
+//! commit's waits (fsyncs, the catalog's round trip) overlap the next
+//! batch's encoding. Commits stay one at a time and in order, and a
+//! batch's position is committed only with its own data.
 
 use std::any::Any;
 use std::fmt;
@@ -13,6 +19,7 @@ use arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UI
 use arrow::compute::kernels::cmp::eq;
 use arrow::compute::{and_not, filter_record_batch, not};
 use arrow::datatypes::SchemaRef;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -20,9 +27,9 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use futures::StreamExt;
 
 use crate::context;
-use crate::feed::RouteFeed;
+use crate::feed::{Boundary, RouteFeed};
 use crate::logical::commit_stats_schema;
-use crate::sink::{Sink, SinkBatch, SinkError};
+use crate::sink::{PreparedBatch, Sink, SinkBatch, SinkError};
 use crate::spec::WriteMode;
 use crate::target::TargetTable;
 
@@ -149,6 +156,104 @@ fn to_sink_batch(
     Ok(SinkBatch { rows, deletes })
 }
 
+/// A batch stage one made ready: the sink's prepared batch, the boundary
+/// it ends at, and how long preparing it took.
+struct Prepared {
+    batch: PreparedBatch,
+    boundary: Boundary,
+    micros: u64,
+}
+
+/// What stage two did with a prepared batch.
+enum Done {
+    /// Staged (a part of an open transaction).
+    Staged { rows: u64, deletes: u64 },
+    /// Committed with its position.
+    Committed {
+        table: String,
+        position: String,
+        rows: u64,
+        deletes: u64,
+        /// Preparing and committing it.
+        micros: u64,
+    },
+}
+
+/// Stage one for one plan batch: its boundary, the rows the sink writes,
+/// and the sink's work ahead of the commit.
+async fn prepare(
+    sink: &dyn Sink,
+    target: &TargetTable,
+    feed: &RouteFeed,
+    target_schema: &SchemaRef,
+    skip_deletes: bool,
+    batch: Result<RecordBatch>,
+) -> Result<Prepared> {
+    let batch = batch?;
+    let Some(boundary) = feed.pop_boundary() else {
+        return internal_err!("a batch reached the sink without its position");
+    };
+    let started = std::time::Instant::now();
+    let sink_batch = to_sink_batch(&batch, target_schema, target.mode, skip_deletes)?;
+    let batch = sink
+        .prepare(target, sink_batch)
+        .await
+        .map_err(|cause| commit_error(target, &boundary, cause))?;
+    Ok(Prepared {
+        batch,
+        boundary,
+        micros: started.elapsed().as_micros() as u64,
+    })
+}
+
+/// Stage two for one prepared batch: staged when its transaction goes on,
+/// else committed with its position.
+async fn commit(sink: &dyn Sink, target: &TargetTable, prepared: Prepared) -> Result<Done> {
+    let Prepared {
+        batch,
+        boundary,
+        micros,
+    } = prepared;
+    let (rows, deletes) = (
+        batch.batch.rows.num_rows() as u64,
+        batch.batch.delete_count() as u64,
+    );
+    let started = std::time::Instant::now();
+    if boundary.open_transaction {
+        // A part of a transaction that goes on: staged, and committed by the
+        // batch that closes it (no commit to report yet).
+        sink.stage_prepared(target, batch)
+            .await
+            .map_err(|cause| commit_error(target, &boundary, cause))?;
+        return Ok(Done::Staged { rows, deletes });
+    }
+    sink.commit_prepared(target, batch, &boundary.end)
+        .await
+        .map_err(|cause| commit_error(target, &boundary, cause))?;
+    Ok(Done::Committed {
+        table: target.display_name(),
+        position: boundary.end,
+        rows,
+        deletes,
+        micros: micros + started.elapsed().as_micros() as u64,
+    })
+}
+
+/// A sink's failure for the batch ending at `boundary`: terminal for the
+/// run, naming the table and the position.
+fn commit_error(target: &TargetTable, boundary: &Boundary, cause: SinkError) -> DataFusionError {
+    let position = if boundary.open_transaction {
+        format!("{} (a staged part of an open transaction)", boundary.end)
+    } else {
+        boundary.end.clone()
+    };
+    DataFusionError::External(Box::new(SinkCommitError {
+        table: target.display_name(),
+        position,
+        cause,
+    }))
+}
+
 impl ExecutionPlan for SinkExec {
     fn name(&self) -> &str {
         self.exec_name
@@ -191,69 +296,74 @@ impl ExecutionPlan for SinkExec {
         let skip_deletes = self.skip_deletes;
         let out_schema = self.schema();
         let stats_schema = Arc::clone(&out_schema);
-        // Rows and deletes staged since the last commit: the commit that
-        // closes their transaction reports them.
-        let staged = Arc::new(std::sync::Mutex::new((0u64, 0u64)));
-        // `then` runs one commit at a time: commits of a table are serialized
-        // and in position order.
-        let stream = input.then(move |batch| {
-            let staged = Arc::clone(&staged);
+        // Stage one, a task of its own: each batch, in order, with its
+        // boundary, prepared by the sink (its files written) while stage two
+        // commits the one before. One prepared batch waits at most, so the
+        // sink works at most one batch ahead of its commits. It stops at
+        // its first error, which stage two reports in its turn.
+        let (prepared_tx, prepared_rx) = tokio::sync::mpsc::channel::<Result<Prepared>>(1);
+        let preparing = {
             let sink = Arc::clone(&sink);
             let target = Arc::clone(&target);
-            let feed = Arc::clone(&feed);
-            let target_schema = Arc::clone(&target_schema);
-            let stats_schema = Arc::clone(&stats_schema);
-            async move {
-                let batch = batch?;
-                let Some(boundary) = feed.pop_boundary() else {
-                    return internal_err!("a batch reached the sink without its position");
-                };
-                let sink_batch = to_sink_batch(&batch, &target_schema, target.mode, skip_deletes)?;
-                let table = target.display_name();
-                if boundary.open_transaction {
-                    // A part of a transaction that goes on: staged, and
-                    // committed by the batch that closes it (no commit to
-                    // report yet).
-                    sink.stage(&target, &sink_batch).await.map_err(|cause| {
-                        DataFusionError::External(Box::new(SinkCommitError {
-                            table: table.clone(),
-                            position: format!(
-                                "{} (a staged part of an open transaction)",
-                                boundary.end
-                            ),
-                            cause,
-                        }))
-                    })?;
-                    let mut counts = staged.lock().expect("staged counts");
-                    counts.0 += sink_batch.rows.num_rows() as u64;
-                    counts.1 += sink_batch.delete_count() as u64;
-                    return Ok(RecordBatch::new_empty(stats_schema));
+            SpawnedTask::spawn(async move {
+                let mut input = input;
+                while let Some(batch) = input.next().await {
+                    let item =
+                        prepare(&*sink, &target, &feed, &target_schema, skip_deletes, batch).await;
+                    let failed = item.is_err();
+                    if prepared_tx.send(item).await.is_err() || failed {
+                        break;
+                    }
                 }
-                let position = boundary.end;
-                let started = std::time::Instant::now();
-                sink.commit(&target, &sink_batch, &position)
-                    .await
-                    .map_err(|cause| {
-                        DataFusionError::External(Box::new(SinkCommitError {
-                            table: table.clone(),
-                            position: position.clone(),
-                            cause,
-                        }))
-                    })?;
-                let (staged_rows, staged_deletes) =
-                    std::mem::take(&mut *staged.lock().expect("staged counts"));
-                let rows = sink_batch.rows.num_rows() as u64 + staged_rows;
-                let deletes = sink_batch.delete_count() as u64 + staged_deletes;
+            })
+        };
+        // Stage two commits one batch at a time: commits of a table are
+        // serialized and in position order. Dropping the stream drops the
+        // receiver and the task (which is then aborted); stage one's end is
+        // looked at, so a panic there is an error here, not an end.
+        let commits = futures::stream::unfold(Some((prepared_rx, preparing)), |state| async move {
+            let (mut rx, task) = state?;
+            match rx.recv().await {
+                Some(item) => Some((item, Some((rx, task)))),
+                None => match task.join().await {
+                    Ok(()) => None,
+                    Err(e) => Some((
+                        internal_err!("preparing the sink's batches stopped: {e}"),
+                        None,
+                    )),
+                },
+            }
+        })
+        .then(move |item| {
+            let sink = Arc::clone(&sink);
+            let target = Arc::clone(&target);
+            async move { commit(&*sink, &target, item?).await }
+        });
+        // Rows and deletes staged since the last commit: the commit that
+        // closes their transaction reports them.
+        let mut staged = (0u64, 0u64);
+        let stream = commits.map(move |done| match done? {
+            Done::Staged { rows, deletes } => {
+                staged.0 += rows;
+                staged.1 += deletes;
+                Ok(RecordBatch::new_empty(Arc::clone(&stats_schema)))
+            }
+            Done::Committed {
+                table,
+                position,
+                rows,
+                deletes,
+                micros,
+            } => {
+                let (staged_rows, staged_deletes) = std::mem::take(&mut staged);
                 Ok(RecordBatch::try_new(
-                    stats_schema,
+                    Arc::clone(&stats_schema),
                     vec![
                         Arc::new(StringArray::from(vec![table])),
                         Arc::new(StringArray::from(vec![position])),
-                        Arc::new(UInt64Array::from(vec![rows])),
-                        Arc::new(UInt64Array::from(vec![deletes])),
-                        Arc::new(UInt64Array::from(
-                            vec![started.elapsed().as_micros() as u64],
-                        )),
+                        Arc::new(UInt64Array::from(vec![rows + staged_rows])),
+                        Arc::new(UInt64Array::from(vec![deletes + staged_deletes])),
+                        Arc::new(UInt64Array::from(vec![micros])),
                     ],
                 )?)
             }

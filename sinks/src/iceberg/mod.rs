@@ -23,8 +23,10 @@ mod read;
 pub mod schema;
 mod uuid_text;
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray};
@@ -34,14 +36,14 @@ use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::TableProvider;
 use iceberg::arrow::schema_to_arrow_schema;
-use iceberg::spec::{PartitionSpecRef, TableMetadataBuildResult, UnboundPartitionSpec};
+use iceberg::spec::{DataFile, PartitionSpecRef, TableMetadataBuildResult, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent};
 use tokio::sync::{Mutex, OnceCell};
 use urutau_planner::evolution::SchemaChanges;
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SinkKindDef, SinkProvider};
-use urutau_planner::sink::{Sink, SinkBatch, SinkError};
+use urutau_planner::sink::{PreparedBatch, Sink, SinkBatch, SinkError};
 use urutau_planner::spec::{SinkSpec, WriteMode};
 use urutau_planner::target::TargetTable;
 
@@ -342,9 +344,12 @@ impl SinkProvider for IcebergSinkProvider {
     }
 }
 
-/// One table the sink writes, as loaded.
-struct TableState {
-    ident: TableIdent,
+/// What writing a table's files needs, apart from its commits: the next
+/// batch's files are written ([`Sink::prepare`]) while a commit holds the
+/// table's [`TableState`].
+struct Writing {
+    /// The table as prepared: its schema, specs, location and storage (a
+    /// run does not change them; a schema change prepares the table anew).
     table: Table,
     /// The table's Arrow schema (field ids, Iceberg's nested names).
     arrow: ArrowSchemaRef,
@@ -355,8 +360,44 @@ struct TableState {
     /// apply in every partition).
     delete_spec: PartitionSpecRef,
     /// Where the table's keys may be: a row outside every range is new and
-    /// needs no equality delete (see [`key_ranges`]).
-    key_ranges: KeyRanges,
+    /// needs no equality delete (see [`key_ranges`]). Read and grown by
+    /// batches in order, as they are prepared.
+    key_ranges: std::sync::Mutex<KeyRanges>,
+    /// How many times a commit found another writer's commits (and took
+    /// their key ranges in): files prepared before then may write a key as
+    /// new that the other writer's files hold, so their commit checks.
+    others_seen: AtomicU64,
+}
+
+impl Writing {
+    fn key_ranges(&self) -> std::sync::MutexGuard<'_, KeyRanges> {
+        self.key_ranges.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A batch's files, written ahead of its commit ([`Sink::prepare`]).
+struct PreparedFiles {
+    data_files: Vec<DataFile>,
+    delete_files: Vec<DataFile>,
+    /// The keys written without an equality delete (none was in the
+    /// table as far as [`Writing::key_ranges`] knew).
+    fresh: Option<ArrayRef>,
+    /// [`Writing::others_seen`] before the key ranges were read.
+    others_seen: u64,
+}
+
+/// A table's entry: what writing files needs, and the state commits hold.
+#[derive(Clone)]
+struct TableEntry {
+    writing: Arc<Writing>,
+    state: Arc<Mutex<TableState>>,
+}
+
+/// One table the sink writes, as loaded.
+struct TableState {
+    ident: TableIdent,
+    table: Table,
+    writing: Arc<Writing>,
     /// When compaction last ran on this table (never: due).
     last_compaction: Option<Instant>,
     /// When snapshot expiry last ran on this table (never: due).
@@ -375,7 +416,7 @@ pub struct IcebergSink {
     catalog_name: String,
     maintenance: Maintenance,
     conn: OnceCell<Conn>,
-    tables: Mutex<HashMap<String, Arc<Mutex<TableState>>>>,
+    tables: Mutex<HashMap<String, TableEntry>>,
 }
 
 impl std::fmt::Debug for IcebergSink {
@@ -408,9 +449,13 @@ impl IcebergSink {
     }
 
     async fn state(&self, target: &TargetTable) -> Result<Arc<Mutex<TableState>>, SinkError> {
+        Ok(self.entry(target).await?.state)
+    }
+
+    async fn entry(&self, target: &TargetTable) -> Result<TableEntry, SinkError> {
         let key = target.display_name();
         if let Some(s) = self.tables.lock().await.get(&key) {
-            return Ok(Arc::clone(s));
+            return Ok(s.clone());
         }
         self.ensure_table(target).await?;
         self.tables
@@ -555,13 +600,15 @@ impl IcebergSink {
     ///
     /// `fresh` holds the keys of the rows written without an equality
     /// delete (none was in the table): when a conflict shows another
-    /// writer's commit, those of them its files may hold get one.
+    /// writer's commit, or `others_since` says one was found after the
+    /// files were written, those of them its files may hold get one.
     async fn commit_with_retries(
         &self,
         state: &mut TableState,
         delta: &mut RowDelta,
         position_only: bool,
         mut fresh: Option<ArrayRef>,
+        others_since: bool,
     ) -> Result<(), SinkError> {
         let conn = self.conn().await?;
         let mut table = state.table.clone();
@@ -573,6 +620,7 @@ impl IcebergSink {
             .map(|f| f.file_path().to_string())
             .collect();
         for attempt in 0..COMMIT_TRIES {
+            let mut theirs = None;
             if attempt > 0 {
                 tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt - 1)).await;
                 table = self.reload(&state.ident).await?;
@@ -580,11 +628,16 @@ impl IcebergSink {
                     state.table = table;
                     return Ok(());
                 }
-                if let Some(keys) = fresh.take() {
-                    fresh = self
-                        .delete_fresh_keys_now_present(state, &table, keys, delta, &mut added)
-                        .await?;
-                }
+                theirs = self.take_in_other_writers(state, &table).await?;
+            } else if others_since && fresh.is_some() {
+                theirs = self.take_in_other_writers(state, &table).await?;
+            }
+            if let Some(theirs) = &theirs
+                && let Some(keys) = fresh.take()
+            {
+                fresh = self
+                    .delete_fresh_keys_now_present(state, &table, theirs, keys, delta, &mut added)
+                    .await?;
             }
             let result = if position_only {
                 commit::build_position_only(&table, &delta.position)?
@@ -690,21 +743,27 @@ impl Sink for IcebergSink {
             _ => KeyRanges::anywhere(),
         };
         tracing::debug!(table = %ident, tracking = key_ranges.is_tracking(), "where the table's keys may be");
-        self.tables.lock().await.insert(
-            target.display_name(),
-            Arc::new(Mutex::new(TableState {
-                ident,
-                table,
-                arrow,
-                key_indices,
-                key_ids,
-                delete_spec,
-                key_ranges,
-                last_compaction: None,
-                last_expiry: None,
-                last_orphan_cleanup: None,
-            })),
-        );
+        let writing = Arc::new(Writing {
+            table: table.clone(),
+            arrow,
+            key_indices,
+            key_ids,
+            delete_spec,
+            key_ranges: std::sync::Mutex::new(key_ranges),
+            others_seen: AtomicU64::new(0),
+        });
+        let state = Arc::new(Mutex::new(TableState {
+            ident,
+            table,
+            writing: Arc::clone(&writing),
+            last_compaction: None,
+            last_expiry: None,
+            last_orphan_cleanup: None,
+        }));
+        self.tables
+            .lock()
+            .await
+            .insert(target.display_name(), TableEntry { writing, state });
         Ok(())
     }
 
@@ -746,10 +805,8 @@ impl Sink for IcebergSink {
     }
 
     async fn stage(&self, target: &TargetTable, batch: &SinkBatch) -> Result<(), SinkError> {
-        if batch.rows.num_rows() == 0 {
-            return Ok(());
-        }
-        self.write(target, batch, None).await
+        let files = self.write_files(target, batch).await?;
+        self.stage_files(target, files).await
     }
 
     async fn commit(
@@ -758,17 +815,76 @@ impl Sink for IcebergSink {
         batch: &SinkBatch,
         position: &str,
     ) -> Result<(), SinkError> {
-        self.write(target, batch, Some(position)).await
+        let files = self.write_files(target, batch).await?;
+        self.commit_files(target, files, Some(position)).await
+    }
+
+    async fn prepare(
+        &self,
+        target: &TargetTable,
+        batch: SinkBatch,
+    ) -> Result<PreparedBatch, SinkError> {
+        let files = self.write_files(target, &batch).await?;
+        Ok(PreparedBatch {
+            batch,
+            work: files.map(|f| Box::new(f) as Box<dyn Any + Send + Sync>),
+        })
+    }
+
+    async fn stage_prepared(
+        &self,
+        target: &TargetTable,
+        prepared: PreparedBatch,
+    ) -> Result<(), SinkError> {
+        self.stage_files(target, prepared_files(prepared)?).await
+    }
+
+    async fn commit_prepared(
+        &self,
+        target: &TargetTable,
+        prepared: PreparedBatch,
+        position: &str,
+    ) -> Result<(), SinkError> {
+        self.commit_files(target, prepared_files(prepared)?, Some(position))
+            .await
+    }
+}
+
+/// The files [`IcebergSink::write_files`] wrote for a prepared batch.
+fn prepared_files(prepared: PreparedBatch) -> Result<Option<PreparedFiles>, SinkError> {
+    match prepared.work {
+        None if prepared.batch.rows.num_rows() == 0 => Ok(None),
+        None => Err(SinkError::Io(
+            "a batch with rows reached the Iceberg sink unprepared".to_string(),
+        )),
+        Some(work) => work
+            .downcast::<PreparedFiles>()
+            .map(|f| Some(*f))
+            .map_err(|_| SinkError::Io("a batch prepared by another sink".to_string())),
     }
 }
 
 impl IcebergSink {
-    /// Commits `batch` with `position` onto `main` (with the parts staged
-    /// before it), or stages it (`None`: a part of an open transaction).
-    async fn write(
+    /// Stages a prepared batch (a part of an open transaction); an empty
+    /// one stages nothing.
+    async fn stage_files(
         &self,
         target: &TargetTable,
-        batch: &SinkBatch,
+        files: Option<PreparedFiles>,
+    ) -> Result<(), SinkError> {
+        match files {
+            None => Ok(()),
+            Some(f) => self.commit_files(target, Some(f), None).await,
+        }
+    }
+
+    /// Commits a prepared batch's files with `position` onto `main` (with
+    /// the parts staged before it), or stages them (`None`: a part of an
+    /// open transaction).
+    async fn commit_files(
+        &self,
+        target: &TargetTable,
+        files: Option<PreparedFiles>,
         position: Option<&str>,
     ) -> Result<(), SinkError> {
         let state = self.state(target).await?;
@@ -776,27 +892,31 @@ impl IcebergSink {
         let mut delta = RowDelta {
             data_files: vec![],
             delete_files: vec![],
-            delete_spec: s.delete_spec.clone(),
+            delete_spec: s.writing.delete_spec.clone(),
             position: position.unwrap_or_default().to_string(),
             commit_id: uuid::Uuid::now_v7().to_string(),
             staged: position.is_none(),
         };
-        if batch.rows.num_rows() == 0 && !commit::has_staging(s.table.metadata()) {
-            // Progress without changes: no files, no snapshot.
-            if commit::committed_position(s.table.metadata()).as_deref() == position {
+        let (fresh, others_since) = match files {
+            None if !commit::has_staging(s.table.metadata()) => {
+                // Progress without changes: no files, no snapshot.
+                if commit::committed_position(s.table.metadata()).as_deref() == position {
+                    return Ok(());
+                }
+                self.commit_with_retries(&mut s, &mut delta, true, None, false)
+                    .await?;
+                self.maintain(&mut s).await;
                 return Ok(());
             }
-            self.commit_with_retries(&mut s, &mut delta, true, None)
-                .await?;
-            self.maintain(&mut s).await;
-            return Ok(());
-        }
-        let fresh = if batch.rows.num_rows() > 0 {
-            self.write_files(target, &mut s, batch, &mut delta).await?
-        } else {
-            None
+            None => (None, false),
+            Some(f) => {
+                delta.data_files = f.data_files;
+                delta.delete_files = f.delete_files;
+                let seen = s.writing.others_seen.load(Ordering::SeqCst);
+                (f.fresh, seen != f.others_seen)
+            }
         };
-        self.commit_with_retries(&mut s, &mut delta, false, fresh)
+        self.commit_with_retries(&mut s, &mut delta, false, fresh, others_since)
             .await?;
         // Maintenance rewrites `main` only: it waits for the transaction's
         // end.
@@ -807,31 +927,37 @@ impl IcebergSink {
     }
 
     /// Writes the batch's data files (and, upserting, its equality-delete
-    /// file) into `delta`. Returns the keys of the rows written without an
-    /// equality delete: [`TableState::key_ranges`] shows no row of the
-    /// table (or of its staged parts) can hold them.
+    /// file), without holding the table's [`TableState`]: a commit of the
+    /// batch before may be under way. The keys the batch writes are added
+    /// to [`Writing::key_ranges`] here, so batches must be written in
+    /// order. `None` for a batch without rows.
     async fn write_files(
         &self,
         target: &TargetTable,
-        s: &mut TableState,
         batch: &SinkBatch,
-        delta: &mut RowDelta,
-    ) -> Result<Option<ArrayRef>, SinkError> {
-        let rows = conform_by_name(&batch.rows, &s.arrow).map_err(SinkError::Rejected)?;
+    ) -> Result<Option<PreparedFiles>, SinkError> {
+        if batch.rows.num_rows() == 0 {
+            return Ok(None);
+        }
+        let w = self.entry(target).await?.writing;
+        // Read before the key ranges: a conflict that takes another
+        // writer's ranges in after this makes the commit check.
+        let others_seen = w.others_seen.load(Ordering::SeqCst);
+        let rows = conform_by_name(&batch.rows, &w.arrow).map_err(SinkError::Rejected)?;
         let mut deletes = None;
         let mut fresh = None;
         let data = match target.mode {
             WriteMode::Upsert => {
-                let keys: Vec<ArrayRef> = s
+                let keys: Vec<ArrayRef> = w
                     .key_indices
                     .iter()
                     .map(|i| Arc::clone(rows.column(*i)))
                     .collect();
-                let keys = RecordBatch::try_new(schema::key_schema(&s.arrow, &s.key_indices), keys)
+                let keys = RecordBatch::try_new(schema::key_schema(&w.arrow, &w.key_indices), keys)
                     .map_err(io_error("the key columns"))?;
                 // Only a key the table may hold needs an equality delete; a
                 // delete of a key it cannot hold has nothing to remove.
-                let present = s.key_ranges.may_contain(keys.column(0));
+                let present = w.key_ranges().may_contain(keys.column(0));
                 let (keys, rows, batch_deletes) = if present.true_count() == present.len() {
                     (keys, rows, batch.deletes.clone())
                 } else {
@@ -854,7 +980,7 @@ impl IcebergSink {
                 // The delete file is encoded on another worker while this
                 // one encodes the data files.
                 let (table, key_ids, spec_id) =
-                    (s.table.clone(), s.key_ids.clone(), s.delete_spec.spec_id());
+                    (w.table.clone(), w.key_ids.clone(), w.delete_spec.spec_id());
                 deletes = Some(tokio::spawn(async move {
                     files::write_equality_deletes(&table, keys, &key_ids, spec_id).await
                 }));
@@ -862,55 +988,79 @@ impl IcebergSink {
                 // (with no deletes the kernel returns the columns as they are).
                 let keep = not(&batch_deletes).map_err(io_error("selecting rows"))?;
                 let data = filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?;
-                if let [k] = s.key_indices.as_slice() {
-                    s.key_ranges.add_keys(data.column(*k));
+                if let [k] = w.key_indices.as_slice() {
+                    w.key_ranges().add_keys(data.column(*k));
                 }
                 data
             }
             WriteMode::Append | WriteMode::AppendIdempotent => rows,
         };
         let unique_keys = target.mode == WriteMode::Upsert;
-        delta.data_files = files::write_data(&s.table, data, unique_keys).await?;
-        if let Some(task) = deletes {
-            delta.delete_files = task
+        let data_files = files::write_data(&w.table, data, unique_keys).await?;
+        let delete_files = match deletes {
+            Some(task) => task
                 .await
-                .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))??;
-        }
-        Ok(fresh)
+                .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))??,
+            None => vec![],
+        };
+        Ok(Some(PreparedFiles {
+            data_files,
+            delete_files,
+            fresh,
+            others_seen,
+        }))
     }
 
-    /// After a conflict: another writer's commit may hold keys this delta
-    /// writes as new. Those of `fresh` the reloaded `table` may hold get an
-    /// equality delete (added to `delta` and `added`); returns the keys
+    /// Another writer's commits are in `table` (a conflict's reload, or a
+    /// reload since this batch's files were written): their key ranges join
+    /// [`Writing::key_ranges`], so no later batch writes one of their keys
+    /// as new; returns them (`None` when keys are not tracked).
+    async fn take_in_other_writers(
+        &self,
+        state: &TableState,
+        table: &Table,
+    ) -> Result<Option<KeyRanges>, SinkError> {
+        let w = &state.writing;
+        let [key_id] = w.key_ids.as_slice() else {
+            return Ok(None);
+        };
+        if !w.key_ranges().is_tracking() {
+            return Ok(None);
+        }
+        let live = compaction::live_files(table).await?;
+        let theirs = KeyRanges::from_live_files(&live.files, *key_id);
+        w.key_ranges().absorb(&theirs);
+        w.others_seen.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(theirs))
+    }
+
+    /// Another writer's commit may hold keys this delta writes as new:
+    /// those of `fresh` that `theirs` (the table's key ranges) may hold get
+    /// an equality delete (added to `delta` and `added`); returns the keys
     /// still known new.
     async fn delete_fresh_keys_now_present(
         &self,
-        state: &mut TableState,
+        state: &TableState,
         table: &Table,
+        theirs: &KeyRanges,
         fresh: ArrayRef,
         delta: &mut RowDelta,
         added: &mut Vec<String>,
     ) -> Result<Option<ArrayRef>, SinkError> {
-        let [key_id] = state.key_ids.as_slice() else {
-            return Ok(None);
-        };
-        let live = compaction::live_files(table).await?;
-        let theirs = KeyRanges::from_live_files(&live.files, *key_id);
+        let w = &state.writing;
         let present = theirs.may_contain(&fresh);
-        state.key_ranges.absorb(&theirs);
         if present.true_count() == 0 {
             return Ok(Some(fresh));
         }
         let now_present = filter(&fresh, &present).map_err(io_error("selecting rows"))?;
         let keys = RecordBatch::try_new(
-            schema::key_schema(&state.arrow, &state.key_indices),
+            schema::key_schema(&w.arrow, &w.key_indices),
             vec![now_present],
         )
         .map_err(io_error("the key columns"))?;
         tracing::info!(table = %state.ident, keys = keys.num_rows(), "another writer committed rows whose keys this batch writes as new: they get an equality delete");
         let files =
-            files::write_equality_deletes(table, keys, &state.key_ids, state.delete_spec.spec_id())
-                .await?;
+            files::write_equality_deletes(table, keys, &w.key_ids, w.delete_spec.spec_id()).await?;
         added.extend(files.iter().map(|f| f.file_path().to_string()));
         delta.delete_files.extend(files);
         let still = filter(&fresh, &not(&present).map_err(io_error("selecting rows"))?)

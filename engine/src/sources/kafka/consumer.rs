@@ -108,6 +108,8 @@ struct Consuming {
     /// By (topic index, partition).
     parts: BTreeMap<(usize, i32), Partition>,
     batch: Vec<RawMessage>,
+    /// The batch's keys and values ([`RawBatch::bytes`]).
+    bytes: Vec<u8>,
     /// Batches handed over so far (the next goes to lane `handed % lanes`).
     handed: usize,
     opened: Option<Instant>,
@@ -158,6 +160,7 @@ impl Consuming {
             topic_index,
             parts: BTreeMap::new(),
             batch: Vec::new(),
+            bytes: Vec::new(),
             handed: 0,
             opened: None,
             last_refresh: Instant::now(),
@@ -367,8 +370,8 @@ impl Consuming {
                         partition,
                         offset,
                         ts_micros: m.timestamp().to_millis().map(|ms| ms * 1000),
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec),
+                        key: m.key().map(|k| copy_into(&mut self.bytes, k)),
+                        value: m.payload().map(|v| copy_into(&mut self.bytes, v)),
                         headers: m.headers().filter(|h| h.count() > 0).map(headers_json),
                     });
                     self.opened.get_or_insert_with(Instant::now);
@@ -386,8 +389,11 @@ impl Consuming {
         if self.batch.is_empty() {
             return true;
         }
+        // The next batch likely needs as much room as this one.
+        let room = self.bytes.len();
         let batch = RawBatch {
             messages: std::mem::take(&mut self.batch),
+            bytes: std::mem::replace(&mut self.bytes, Vec::with_capacity(room)),
             end: self.end(),
         };
         self.opened = None;
@@ -555,6 +561,13 @@ fn check_offset(
         )));
     }
     Ok(())
+}
+
+/// Appends `b` to a batch's bytes; returns where it lies.
+fn copy_into(bytes: &mut Vec<u8>, b: &[u8]) -> std::ops::Range<usize> {
+    let start = bytes.len();
+    bytes.extend_from_slice(b);
+    start..bytes.len()
 }
 
 /// A message's headers as a JSON object: a UTF-8 value as a string, other

@@ -8,6 +8,7 @@
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender};
 
@@ -92,24 +93,40 @@ impl TopicTable {
     }
 }
 
-/// One message, as the consumer copied it.
+/// One message, as the consumer copied it: its key and value are ranges of
+/// its batch's [`RawBatch::bytes`].
 pub struct RawMessage {
     /// Index of its table.
     pub table: usize,
     pub partition: i32,
     pub offset: i64,
     pub ts_micros: Option<i64>,
-    pub key: Option<Vec<u8>>,
+    pub key: Option<Range<usize>>,
     /// `None`: a tombstone.
-    pub value: Option<Vec<u8>>,
+    pub value: Option<Range<usize>>,
     /// The headers as a JSON object, when the message has any.
     pub headers: Option<String>,
 }
 
-/// Messages read in order, and the offsets after them.
+/// Messages read in order, and the offsets after them. Their keys and
+/// values are copied into one buffer: one allocation per batch instead of
+/// two per message, made on the consumer's thread and freed on a lane's.
 pub struct RawBatch {
     pub messages: Vec<RawMessage>,
+    pub bytes: Vec<u8>,
     pub end: Offsets,
+}
+
+impl RawBatch {
+    /// A message's key.
+    pub fn key(&self, m: &RawMessage) -> Option<&[u8]> {
+        m.key.clone().map(|r| &self.bytes[r])
+    }
+
+    /// A message's value (`None`: a tombstone).
+    pub fn value(&self, m: &RawMessage) -> Option<&[u8]> {
+        m.value.clone().map(|r| &self.bytes[r])
+    }
 }
 
 /// Forwards the lanes' decoded batches in the order the consumer handed
@@ -226,7 +243,7 @@ impl MessageDecoder {
                 if bad.contains(&i) {
                     continue;
                 }
-                if let Err(e) = self.decode_message(m) {
+                if let Err(e) = self.decode_message(raw, m) {
                     if let Some(change) = self.change.take() {
                         return Err(SourceError::schema_changed(change));
                     }
@@ -278,8 +295,8 @@ impl MessageDecoder {
     }
 
     /// Decodes one message into its table's builders.
-    fn decode_message(&mut self, m: &RawMessage) -> Result<(), String> {
-        let Some(value) = &m.value else {
+    fn decode_message(&mut self, raw: &RawBatch, m: &RawMessage) -> Result<(), String> {
+        let Some(value) = raw.value(m) else {
             // A tombstone (Debezium sends one after each delete, for log
             // compaction): no change.
             return Ok(());
@@ -308,7 +325,7 @@ impl MessageDecoder {
         let t = &mut self.tables[m.table];
         let message = MessageMeta {
             ts_micros: m.ts_micros,
-            key: m.key.as_deref(),
+            key: raw.key(m),
             headers: m.headers.as_deref(),
         };
         let mut meta = RowMeta {
