@@ -1517,6 +1517,62 @@ async fn a_batch_prepared_before_a_conflict_still_replaces_the_other_writers_key
     assert_eq!(md["properties"]["cdc.position"], "20");
 }
 
+/// Orphan cleanup never takes a prepared batch's files: with cleanup after
+/// every commit and no age limit, the batch the sink node prepared while
+/// the one before it committed (and cleaned) keeps its files, and its
+/// commit reads back whole.
+#[tokio::test]
+async fn orphan_cleanup_leaves_the_files_of_a_batch_prepared_ahead() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let text = id_v_pipeline(dir.path(), "o").replace(
+        "namespace = 'o'",
+        "namespace = 'o', maintenance_enabled = true, \
+         maintenance_orphan_cleanup_interval = '0s', maintenance_orphan_cleanup_older_than = '0s'",
+    );
+    let plan = common::plan_sql(&text).await.unwrap();
+    let r = &plan.routes[0];
+    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(r.target.arrow_schema(), rows);
+    r.sink.ensure_table(&r.target).await.unwrap();
+    let first = r
+        .sink
+        .prepare(&r.target, batch(&[(1, "a", false), (2, "a", false)]))
+        .await
+        .unwrap();
+    let second = r
+        .sink
+        .prepare(&r.target, batch(&[(2, "b", false), (3, "b", false)]))
+        .await
+        .unwrap();
+    // The first commit runs orphan cleanup: the second batch's files are on
+    // disk and referenced by no snapshot yet.
+    r.sink
+        .commit_prepared(&r.target, first, "10")
+        .await
+        .unwrap();
+    r.sink
+        .commit_prepared(&r.target, second, "20")
+        .await
+        .unwrap();
+    // And a commit after both cleans up again with nothing pending.
+    r.sink
+        .commit(&r.target, &batch(&[(4, "c", false)]), "30")
+        .await
+        .unwrap();
+
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "o", "t")
+        .await
+        .unwrap();
+    let expected = vec![
+        json!({"id": 1, "v": "a"}),
+        json!({"id": 2, "v": "b"}),
+        json!({"id": 3, "v": "b"}),
+        json!({"id": 4, "v": "c"}),
+    ];
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+}
+
 /// A table the source does not touch advances its position without data:
 /// a properties-only commit, no snapshot, no empty files.
 #[tokio::test]

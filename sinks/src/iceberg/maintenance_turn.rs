@@ -5,6 +5,7 @@
 //! commit is logged and left to its next turn: maintenance never stops the
 //! replication.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iceberg::spec::TableMetadataBuildResult;
@@ -178,6 +179,11 @@ impl IcebergSink {
             tracing::warn!(table = %state.ident, "orphan cleanup: the table is not on a local warehouse; skipped");
             return;
         };
+        // No batch's files are being written meanwhile; those written and
+        // not committed yet are pending, and kept.
+        let writing = Arc::clone(&state.writing);
+        let _alone = writing.files_gate.write().await;
+        let pending = writing.pending().clone();
         let referenced = match orphans::referenced_files(&state.table).await {
             Ok(r) => r,
             Err(e) => {
@@ -193,7 +199,7 @@ impl IcebergSink {
         let done = tokio::task::spawn_blocking(move || {
             let orphans = orphans::orphan_files(&table_dir, &uuid, &referenced, cutoff)?;
             let mut removed = 0;
-            for f in &orphans {
+            for f in orphans.iter().filter(|f| !pending.contains(*f)) {
                 match std::fs::remove_file(f) {
                     Ok(()) => {
                         removed += 1;

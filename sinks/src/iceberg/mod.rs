@@ -24,7 +24,8 @@ pub mod schema;
 mod uuid_text;
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -367,11 +368,29 @@ struct Writing {
     /// their key ranges in): files prepared before then may write a key as
     /// new that the other writer's files hold, so their commit checks.
     others_seen: AtomicU64,
+    /// Held (shared) while a batch's files are written, and (alone) by
+    /// orphan cleanup: a file being written is never taken for an orphan.
+    files_gate: tokio::sync::RwLock<()>,
+    /// Local files written for batches not committed yet: no snapshot
+    /// references them, and orphan cleanup must leave them.
+    pending: std::sync::Mutex<HashSet<PathBuf>>,
 }
 
 impl Writing {
     fn key_ranges(&self) -> std::sync::MutexGuard<'_, KeyRanges> {
         self.key_ranges.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The local paths of `files` (object-storage files have none: orphan
+    /// cleanup does not list object stores).
+    fn local_paths(files: &[DataFile]) -> impl Iterator<Item = PathBuf> + '_ {
+        files
+            .iter()
+            .filter_map(|f| durable::local_path(f.file_path()))
     }
 }
 
@@ -751,6 +770,8 @@ impl Sink for IcebergSink {
             delete_spec,
             key_ranges: std::sync::Mutex::new(key_ranges),
             others_seen: AtomicU64::new(0),
+            files_gate: tokio::sync::RwLock::new(()),
+            pending: std::sync::Mutex::new(HashSet::new()),
         });
         let state = Arc::new(Mutex::new(TableState {
             ident,
@@ -918,6 +939,16 @@ impl IcebergSink {
         };
         self.commit_with_retries(&mut s, &mut delta, false, fresh, others_since)
             .await?;
+        {
+            // Referenced now (a failed commit leaves them pending: the run
+            // ends, and a later one's cleanup finds them).
+            let mut pending = s.writing.pending();
+            for p in Writing::local_paths(&delta.data_files)
+                .chain(Writing::local_paths(&delta.delete_files))
+            {
+                pending.remove(&p);
+            }
+        }
         // Maintenance rewrites `main` only: it waits for the transaction's
         // end.
         if !delta.staged {
@@ -940,6 +971,9 @@ impl IcebergSink {
             return Ok(None);
         }
         let w = self.entry(target).await?.writing;
+        // Until the files are written and listed as pending, orphan cleanup
+        // waits.
+        let _writing = w.files_gate.read().await;
         // Read before the key ranges: a conflict that takes another
         // writer's ranges in after this makes the commit check.
         let others_seen = w.others_seen.load(Ordering::SeqCst);
@@ -1003,6 +1037,8 @@ impl IcebergSink {
                 .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))??,
             None => vec![],
         };
+        w.pending()
+            .extend(Writing::local_paths(&data_files).chain(Writing::local_paths(&delete_files)));
         Ok(Some(PreparedFiles {
             data_files,
             delete_files,
