@@ -63,9 +63,10 @@ pub struct RouteReport {
     pub commits: u64,
     pub rows: u64,
     pub deletes: u64,
-    /// Microseconds the sink spent in its commits (writing files and
-    /// committing them), summed: against the run's wall time, how busy the
-    /// sink was.
+    /// Microseconds the sink spent on its batches (preparing them, e.g.
+    /// writing files, and committing them), summed: against the run's wall
+    /// time, how busy the sink was. A batch is prepared while the one
+    /// before commits, so the sum can exceed the wall time.
     pub commit_micros: u64,
     /// The position committed last (or found at start).
     pub position: Option<String>,
