@@ -639,7 +639,6 @@ impl IcebergSink {
             .map(|f| f.file_path().to_string())
             .collect();
         for attempt in 0..COMMIT_TRIES {
-            let mut theirs = None;
             if attempt > 0 {
                 tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt - 1)).await;
                 table = self.reload(&state.ident).await?;
@@ -647,10 +646,14 @@ impl IcebergSink {
                     state.table = table;
                     return Ok(());
                 }
-                theirs = self.take_in_other_writers(state, &table).await?;
-            } else if others_since && fresh.is_some() {
-                theirs = self.take_in_other_writers(state, &table).await?;
             }
+            // A reload, or one since the files were written, may show
+            // another writer's commits.
+            let theirs = if attempt > 0 || (others_since && fresh.is_some()) {
+                self.take_in_other_writers(state, &table).await?
+            } else {
+                None
+            };
             if let Some(theirs) = &theirs
                 && let Some(keys) = fresh.take()
             {
