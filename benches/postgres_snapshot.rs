@@ -21,7 +21,9 @@
 //! `POSTGRES_SNAPSHOT_CHUNK_ROWS` the chunk size and
 //! `POSTGRES_SNAPSHOT_BATCH_ROWS` the rows per commit (default: the
 //! source's),
-//! `POSTGRES_SNAPSHOT_READ_BACK=0` leaves DuckDB's read-back out.
+//! `POSTGRES_SNAPSHOT_READ_BACK=0` leaves DuckDB's read-back out;
+//! `POSTGRES_SNAPSHOT_TARGET_FILE_SIZE` sets the Iceberg sink's
+//! `target_file_size` (default 512 MiB).
 //! Under `cargo test` it runs a small smoke test (and fails in CI when no
 //! PostgreSQL server package is installed).
 
@@ -154,6 +156,11 @@ fn main() {
         Some(format!(", {option} = {v}"))
     })
     .collect::<String>();
+    // The Iceberg sink's data file size (a snapshot is gathered into
+    // files of it; default 512 MiB).
+    let file_size = std::env::var("POSTGRES_SNAPSHOT_TARGET_FILE_SIZE")
+        .map(|v| format!(", target_file_size = '{v}'"))
+        .unwrap_or_default();
     // `POSTGRES_SNAPSHOT_READ_BACK=0` leaves DuckDB's read of the Iceberg
     // table out of a full run. The smoke run under `cargo test` always
     // reads back; ClickHouse's read-back always runs.
@@ -185,7 +192,7 @@ fn main() {
         let text = format!(
             "CREATE PIPELINE bench;
              CREATE SOURCE pg FROM postgres WITH (uri = '{uri}', slot = 'lake{run}', snapshot_parallelism = {p}{chunk});
-             CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/warehouse', namespace = 'b');
+             CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/warehouse', namespace = 'b'{file_size});
              CREATE TABLE lake.orders AS SELECT * FROM pg.orders;",
             uri = server.uri,
             d = lake.display()

@@ -313,6 +313,7 @@ async fn run_route(
         batch,
         end: "1".into(),
         open_transaction: false,
+        may_defer: false,
     })
     .await
     .unwrap();

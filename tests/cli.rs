@@ -89,10 +89,10 @@ fn plan_explain_shows_casts_metadata_collapse_and_sink_per_route() {
     let yaml = urutau(&["plan", "--explain", "examples/iceberg-maintenance.yaml"]);
     assert_eq!(sql.status.code(), Some(0), "{}", stderr(&sql));
     assert_eq!(stdout(&yaml), stdout(&sql));
-    // Maintenance that will run shows in the plan.
+    // The file size and the maintenance that will run show in the plan.
     assert!(
         stdout(&sql).contains(
-            "maintenance=[compaction every 5m (>= 5 files, 536870912 bytes), snapshot expiry every 10m (keep 1, max age 7d), orphan cleanup every 1h (older than 3d)]"
+            "target_file_size=268435456 (snapshots gathered into files of it), maintenance=[compaction every 5m (>= 5 files, 536870912 bytes), snapshot expiry every 10m (keep 1, max age 7d), orphan cleanup every 1h (older than 3d)]"
         ),
         "{}",
         stdout(&sql)

@@ -1399,6 +1399,63 @@ fn id_v_batch(
     }
 }
 
+/// Two plans of one pipeline writing one table (two writers), each with
+/// the table prepared.
+async fn two_writers(
+    text: &str,
+) -> (
+    urutau_planner::plan::PipelinePlan,
+    urutau_planner::plan::PipelinePlan,
+) {
+    let a = common::plan_sql(text).await.unwrap();
+    let b = common::plan_sql(text).await.unwrap();
+    for p in [&a, &b] {
+        p.routes[0]
+            .sink
+            .ensure_table(&p.routes[0].target)
+            .await
+            .unwrap();
+    }
+    (a, b)
+}
+
+/// Stage one of the sink node for a batch: prepared (deferrable or not),
+/// not committed yet.
+async fn prepare(
+    sink: &dyn urutau_planner::sink::Sink,
+    target: &urutau_planner::target::TargetTable,
+    batch: urutau_planner::sink::SinkBatch,
+    may_defer: bool,
+) -> urutau_planner::sink::PreparedBatch {
+    sink.prepare(target, batch, may_defer).await.unwrap()
+}
+
+/// Stage two of the sink node: `prepared` committed at `position`; what
+/// the sink did.
+async fn commit_prepared(
+    sink: &dyn urutau_planner::sink::Sink,
+    target: &urutau_planner::target::TargetTable,
+    prepared: urutau_planner::sink::PreparedBatch,
+    position: &str,
+) -> urutau_planner::sink::Committed {
+    sink.commit_prepared(target, prepared, position)
+        .await
+        .unwrap()
+}
+
+/// What the sink node does with a batch: prepares it (deferrable or not)
+/// and commits it at `position`; what the sink did.
+async fn prepare_and_commit(
+    sink: &dyn urutau_planner::sink::Sink,
+    target: &urutau_planner::target::TargetTable,
+    batch: urutau_planner::sink::SinkBatch,
+    may_defer: bool,
+    position: &str,
+) -> urutau_planner::sink::Committed {
+    let prepared = prepare(sink, target, batch, may_defer).await;
+    commit_prepared(sink, target, prepared, position).await
+}
+
 /// Two sinks writing one table: the second's commit conflicts, reloads and
 /// retries; a commit whose response is lost is found by its id, not
 /// committed twice.
@@ -1406,13 +1463,9 @@ fn id_v_batch(
 async fn commit_conflicts_retry_and_lost_responses_do_not_duplicate() {
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
-    let text = id_v_pipeline(dir.path(), "c");
-    let a = common::plan_sql(&text).await.unwrap();
-    let b = common::plan_sql(&text).await.unwrap();
+    let (a, b) = two_writers(&id_v_pipeline(dir.path(), "c")).await;
     let (ra, rb) = (&a.routes[0], &b.routes[0]);
     let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
-    ra.sink.ensure_table(&ra.target).await.unwrap();
-    rb.sink.ensure_table(&rb.target).await.unwrap();
     ra.sink
         .commit(
             &ra.target,
@@ -1472,24 +1525,12 @@ async fn commit_conflicts_retry_and_lost_responses_do_not_duplicate() {
 async fn a_batch_prepared_before_a_conflict_still_replaces_the_other_writers_key() {
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
-    let text = id_v_pipeline(dir.path(), "p");
-    let a = common::plan_sql(&text).await.unwrap();
-    let b = common::plan_sql(&text).await.unwrap();
+    let (a, b) = two_writers(&id_v_pipeline(dir.path(), "p")).await;
     let (ra, rb) = (&a.routes[0], &b.routes[0]);
     let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
-    ra.sink.ensure_table(&ra.target).await.unwrap();
-    rb.sink.ensure_table(&rb.target).await.unwrap();
     // a prepares two batches of keys it has never seen: both new to it.
-    let first = ra
-        .sink
-        .prepare(&ra.target, batch(&[(1, "a", false)]))
-        .await
-        .unwrap();
-    let second = ra
-        .sink
-        .prepare(&ra.target, batch(&[(7, "a", false)]))
-        .await
-        .unwrap();
+    let first = prepare(&*ra.sink, &ra.target, batch(&[(1, "a", false)]), false).await;
+    let second = prepare(&*ra.sink, &ra.target, batch(&[(7, "a", false)]), false).await;
     // Meanwhile b commits key 7.
     rb.sink
         .commit(&rb.target, &batch(&[(7, "b", false)]), "5")
@@ -1497,15 +1538,9 @@ async fn a_batch_prepared_before_a_conflict_still_replaces_the_other_writers_key
         .unwrap();
     // a's first commit conflicts with b's and takes b's keys in; its own
     // key 1 is not among them.
-    ra.sink
-        .commit_prepared(&ra.target, first, "10")
-        .await
-        .unwrap();
+    commit_prepared(&*ra.sink, &ra.target, first, "10").await;
     // a's second batch was written before that: its commit checks key 7.
-    ra.sink
-        .commit_prepared(&ra.target, second, "20")
-        .await
-        .unwrap();
+    commit_prepared(&*ra.sink, &ra.target, second, "20").await;
 
     let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "p", "t")
         .await
@@ -1534,26 +1569,24 @@ async fn orphan_cleanup_leaves_the_files_of_a_batch_prepared_ahead() {
     let r = &plan.routes[0];
     let batch = |rows: &[(i64, &str, bool)]| id_v_batch(r.target.arrow_schema(), rows);
     r.sink.ensure_table(&r.target).await.unwrap();
-    let first = r
-        .sink
-        .prepare(&r.target, batch(&[(1, "a", false), (2, "a", false)]))
-        .await
-        .unwrap();
-    let second = r
-        .sink
-        .prepare(&r.target, batch(&[(2, "b", false), (3, "b", false)]))
-        .await
-        .unwrap();
+    let first = prepare(
+        &*r.sink,
+        &r.target,
+        batch(&[(1, "a", false), (2, "a", false)]),
+        false,
+    )
+    .await;
+    let second = prepare(
+        &*r.sink,
+        &r.target,
+        batch(&[(2, "b", false), (3, "b", false)]),
+        false,
+    )
+    .await;
     // The first commit runs orphan cleanup: the second batch's files are on
     // disk and referenced by no snapshot yet.
-    r.sink
-        .commit_prepared(&r.target, first, "10")
-        .await
-        .unwrap();
-    r.sink
-        .commit_prepared(&r.target, second, "20")
-        .await
-        .unwrap();
+    commit_prepared(&*r.sink, &r.target, first, "10").await;
+    commit_prepared(&*r.sink, &r.target, second, "20").await;
     // And a commit after both cleans up again with nothing pending.
     r.sink
         .commit(&r.target, &batch(&[(4, "c", false)]), "30")
@@ -1571,6 +1604,142 @@ async fn orphan_cleanup_leaves_the_files_of_a_batch_prepared_ahead() {
     ];
     assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
     assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+}
+
+/// A snapshot's deferred batches (the sink node's `may_defer`): the plain
+/// appends of several batches go into one data file, the changes to keys
+/// the table holds wait beside it, and the batch that may not be deferred
+/// commits the lot with its position, the appends first: a later change
+/// (key 5 replaced twice, keys 7 and 8 deleted, key 20 replaced) applies
+/// to a row appended in the group. DuckDB and Iceberg's Java reader read
+/// exactly the source's state; the manifests show one data file for the 11
+/// appended rows and one for the held changes (key 5's last image). A
+/// group never committed leaves nothing: neither one still open nor one
+/// staged without its commit.
+#[tokio::test]
+async fn a_snapshot_group_gathers_appends_into_one_file_and_applies_later_changes_to_them() {
+    use urutau_planner::sink::Committed;
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let text = id_v_pipeline(dir.path(), "g");
+    let plan = common::plan_sql(&text).await.unwrap();
+    let r = &plan.routes[0];
+    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(r.target.arrow_schema(), rows);
+    r.sink.ensure_table(&r.target).await.unwrap();
+    r.sink
+        .commit(&r.target, &batch(&[(100, "x", false)]), "5")
+        .await
+        .unwrap();
+    let first: Vec<(i64, &str, bool)> = (1..=10).map(|i| (i, "a", false)).collect();
+    let deferred = [
+        batch(&first),
+        batch(&[(5, "x", false), (7, "", true), (20, "a", false)]),
+        batch(&[(5, "b", false), (8, "", true)]),
+    ];
+    for (b, position) in deferred.iter().zip(["10", "20", "25"]) {
+        let done = prepare_and_commit(&*r.sink, &r.target, b.clone(), true, position).await;
+        assert_eq!(done, Committed::Deferred);
+    }
+    assert_eq!(
+        r.sink
+            .committed_position(&r.target)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("5"),
+        "a deferred batch's position is not committed"
+    );
+    let closing = batch(&[(20, "c", false)]);
+    let done = prepare_and_commit(&*r.sink, &r.target, closing, false, "30").await;
+    assert_eq!(done, Committed::Now);
+
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "g", "t")
+        .await
+        .unwrap();
+    let mut expected: Vec<Value> = (1..=10)
+        .filter(|i| *i != 7 && *i != 8)
+        .map(|i| json!({"id": i, "v": if i == 5 { "b" } else { "a" }}))
+        .collect();
+    expected.push(json!({"id": 20, "v": "c"}));
+    expected.push(json!({"id": 100, "v": "x"}));
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+    let mut data_rows: Vec<i64> = common::duckdb_live_files(&python, &loc)
+        .iter()
+        .filter(|f| f["content"] == 0)
+        .map(|f| f["records"].as_i64().unwrap())
+        .collect();
+    data_rows.sort();
+    // Key 100; the held changes, collapsed: key 5's last image; key 20's;
+    // the group: keys 1-10 and 20.
+    assert_eq!(data_rows, vec![1, 1, 1, 11]);
+    assert_eq!(metadata_json(&loc)["properties"]["cdc.position"], "30");
+
+    // A group staged without its commit, and one still open, then the run
+    // ends: the next run's sink sees the table as committed.
+    let round = [
+        (batch(&[(200, "n", false), (201, "n", false)]), "40"),
+        (batch(&[(5, "q", false), (202, "n", false)]), "45"),
+    ];
+    for (rows, position) in round {
+        let done = prepare_and_commit(&*r.sink, &r.target, rows, true, position).await;
+        assert_eq!(done, Committed::Deferred);
+    }
+    let staged = prepare(&*r.sink, &r.target, batch(&[(8, "z", false)]), false).await;
+    r.sink.stage_prepared(&r.target, staged).await.unwrap();
+    let open = batch(&[(300, "n", false)]);
+    let done = prepare_and_commit(&*r.sink, &r.target, open, true, "50").await;
+    assert_eq!(done, Committed::Deferred);
+    drop(plan);
+    let again = common::plan_sql(&text).await.unwrap();
+    let r = &again.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    assert_eq!(
+        r.sink
+            .committed_position(&r.target)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("30")
+    );
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "g", "t")
+        .await
+        .unwrap();
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+}
+
+/// A snapshot group whose keys another writer committed meanwhile: the
+/// group's commit meets the other writer's (a conflict), reads the group's
+/// keys back from its data file, and deletes the one the other writer
+/// holds (key 3), so the table has one row per key, the group's.
+#[tokio::test]
+async fn a_snapshot_group_replaces_a_key_another_writer_committed_meanwhile() {
+    use urutau_planner::sink::Committed;
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_writers(&id_v_pipeline(dir.path(), "w")).await;
+    let (ra, rb) = (&a.routes[0], &b.routes[0]);
+    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
+    let first: Vec<(i64, &str, bool)> = (1..=5).map(|i| (i, "a", false)).collect();
+    let done = prepare_and_commit(&*ra.sink, &ra.target, batch(&first), true, "10").await;
+    assert_eq!(done, Committed::Deferred);
+    rb.sink
+        .commit(&rb.target, &batch(&[(3, "b", false)]), "5")
+        .await
+        .unwrap();
+    let closing = batch(&[(9, "a", false)]);
+    let done = prepare_and_commit(&*ra.sink, &ra.target, closing, false, "20").await;
+    assert_eq!(done, Committed::Now);
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "w", "t")
+        .await
+        .unwrap();
+    let expected: Vec<Value> = [1, 2, 3, 4, 5, 9]
+        .iter()
+        .map(|i| json!({"id": i, "v": "a"}))
+        .collect();
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+    assert_eq!(metadata_json(&loc)["properties"]["cdc.position"], "20");
 }
 
 /// A table the source does not touch advances its position without data:

@@ -608,3 +608,99 @@ async fn an_idle_stream_lets_the_slot_advance_and_postgres_stop_fast() {
     );
     assert_final_acknowledgement(&db, dir.path()).await;
 }
+
+/// A 1M-row table of the shape users size CDC tools by (bigint key,
+/// bigint, numeric, text, timestamptz, text), snapshotted into Iceberg
+/// with compaction due after every commit (target 8 MiB, two candidates
+/// enough): the snapshot's rows are gathered into data files of the
+/// target size, every live data file but one is at least that size (as
+/// DuckDB reads the manifests), no delete file is written, compaction
+/// never rewrites anything, and DuckDB reads the table equal to Postgres
+/// (count and sums).
+#[tokio::test]
+async fn a_1m_row_snapshot_leaves_data_files_of_the_target_size() {
+    let (python, dir, pg, db) = start().await;
+    const TARGET: u64 = 8 << 20;
+    db.execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer bigint NOT NULL,
+           amount numeric(12,2), status text, placed timestamptz, note text);
+         INSERT INTO orders SELECT i, i % 10007, (i % 100000) / 100.0,
+           (ARRAY['new','paid','shipped','returned'])[1 + i % 4],
+           TIMESTAMPTZ '2024-01-01' + i * INTERVAL '1 second', 'order note ' || md5(i::text)
+         FROM generate_series(1, 1000000) i;
+         ANALYZE orders;",
+    )
+    .await
+    .unwrap();
+    let text = format!(
+        "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
+CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_parallelism = 2);
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg',
+  maintenance_enabled = true, maintenance_compaction_interval = '0s',
+  maintenance_compaction_target_file_size = '8MiB', maintenance_compaction_min_input_files = 2);
+CREATE TABLE lake.orders WITH (primary_key = 'id') AS SELECT * FROM src.public.orders;
+",
+        uri = pg.uri(),
+        d = dir.path().display()
+    );
+    let p = dir.path().join("orders.sql");
+    std::fs::write(&p, text).unwrap();
+    let out = run_to_end(&p);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "orders")
+        .await
+        .unwrap();
+    let files = common::duckdb_live_files(&python, &loc);
+    assert!(
+        files.iter().all(|f| f["content"] == 0),
+        "a snapshot of keys nobody else wrote needs no delete file: {files:?}"
+    );
+    let mut sizes: Vec<u64> = files.iter().map(|f| f["size"].as_u64().unwrap()).collect();
+    sizes.sort_unstable();
+    eprintln!("data file sizes: {sizes:?}");
+    assert!(sizes.len() >= 2, "the table fits one file: {sizes:?}");
+    assert!(
+        sizes[1..].iter().all(|s| *s >= TARGET),
+        "data files below the target besides the last: {sizes:?}"
+    );
+    let md: Value =
+        serde_json::from_str(&std::fs::read_to_string(loc.trim_start_matches("file://")).unwrap())
+            .unwrap();
+    let operations: Vec<&str> = md["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["summary"]["operation"].as_str().unwrap())
+        .collect();
+    assert!(
+        !operations.contains(&"replace"),
+        "compaction rewrote files: {operations:?}"
+    );
+    let read = common::harness(
+        &python,
+        "iceberg_read.py",
+        &[
+            &loc,
+            "--select",
+            "count(*) AS n, sum(id) AS ids, sum(customer) AS customers, sum(amount) AS amount, sum(length(note)) AS notes",
+        ],
+        "DuckDB could not read orders",
+    );
+    let read: Value = serde_json::from_slice(&read).unwrap();
+    let want: (i64, i64, i64, String, i64) = sqlx::query_as(
+        "SELECT count(*), sum(id)::bigint, sum(customer)::bigint, sum(amount)::text, sum(length(note))::bigint FROM orders",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(read["n"], want.0, "{read}");
+    assert_eq!(read["ids"], want.1, "{read}");
+    assert_eq!(read["customers"], want.2, "{read}");
+    assert_eq!(read["amount"].as_str().unwrap(), want.3, "{read}");
+    assert_eq!(read["notes"], want.4, "{read}");
+}

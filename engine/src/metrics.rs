@@ -222,6 +222,16 @@ impl Metrics {
         t.position = position;
     }
 
+    /// Route `table`'s snapshot runs (its state `state`): shown before its
+    /// first commit too, which a sink may defer
+    /// ([`urutau_planner::sink::Committed::Deferred`]).
+    pub fn snapshot_running(&self, table: &str, state: &str) {
+        let mut g = self.lock();
+        let t = g.tables.entry(table.to_string()).or_default();
+        t.phase = "snapshot".to_string();
+        t.snapshot_state = Some(state.to_string());
+    }
+
     /// Route `table`'s target is at schema version `version`.
     pub fn target_schema(&self, table: &str, version: String) {
         self.lock()

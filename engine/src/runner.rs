@@ -399,6 +399,7 @@ pub async fn run(
             for &i in &t.routes {
                 outlets.push(Outlet {
                     route: i,
+                    name: plan.routes[i].name.clone(),
                     table: t.table.clone(),
                     sender: senders[i].take(),
                     resume: resume[i].clone(),
@@ -413,11 +414,13 @@ pub async fn run(
                         .stages_transactions(&plan.routes[i].target),
                     staged: false,
                     held: Vec::new(),
+                    snapshot_shown: false,
                 });
             }
         }
         let progress_interval = plan.batch.progress_interval;
         let shutdown = shutdown.clone();
+        let metrics = metrics.clone();
         let committed = Arc::clone(&committed);
         let name = source.spec.name.name.clone();
         let my_routes: Vec<usize> = outlets.iter().map(|o| o.route).collect();
@@ -451,7 +454,7 @@ pub async fn run(
                         Err(e) => return Err(RunError::source(&name, e)),
                     };
                     source_end = Some(batch.end.clone());
-                    let delivered = dispatch(&mut outlets, &batch, progress_interval)
+                    let delivered = dispatch(&mut outlets, &batch, progress_interval, &metrics)
                         .await
                         .map_err(|message| RunError::source_terminal(&name, message))?;
                     if !delivered {
@@ -644,6 +647,8 @@ impl Committed {
 /// Where one route's changes go.
 struct Outlet {
     route: usize,
+    /// The route's name (its target table), as metrics name it.
+    name: String,
     table: Vec<String>,
     sender: Option<mpsc::Sender<RouteBatch>>,
     /// The route's sink already holds everything up to here.
@@ -666,6 +671,9 @@ struct Outlet {
     /// Parts of the open transaction held for a sink that cannot stage:
     /// sent with the batch that closes it, as one.
     held: Vec<RecordBatch>,
+    /// The table's snapshot is shown running in the metrics (before its
+    /// first commit: a sink may defer a snapshot's batches).
+    snapshot_shown: bool,
 }
 
 impl Outlet {
@@ -685,6 +693,7 @@ async fn dispatch(
     outlets: &mut [Outlet],
     batch: &SourceBatch,
     progress_interval: std::time::Duration,
+    metrics: &Metrics,
 ) -> Result<bool, String> {
     for o in outlets.iter_mut() {
         let Some(sender) = &o.sender else { continue };
@@ -692,6 +701,10 @@ async fn dispatch(
             && let Some((_, progress)) = batch.snapshot.iter().find(|(t, _)| *t == o.table)
         {
             o.snapshot = Some(progress.clone());
+            if !o.snapshot_shown && !progress.is_complete() {
+                metrics.snapshot_running(&o.name, progress.state());
+                o.snapshot_shown = true;
+            }
         }
         // Changes the sink already holds are not sent again.
         let mut end = batch.end.clone();
@@ -757,6 +770,7 @@ async fn dispatch(
                         batch: b,
                         end: end.to_string(),
                         open_transaction: true,
+                        may_defer: false,
                     };
                     if sender.send(rb).await.is_err() {
                         return Ok(false);
@@ -789,10 +803,15 @@ async fn dispatch(
             _ => None,
         };
         if let Some(b) = send {
+            // While the table's snapshot runs, the sink may gather its
+            // rows into larger commits; not when staged parts of a
+            // transaction wait for this batch, which must commit them.
+            let may_defer = !o.staged && o.snapshot.as_ref().is_some_and(|p| !p.is_complete());
             let rb = RouteBatch {
                 batch: b,
                 end: o.mark(&end),
                 open_transaction: false,
+                may_defer,
             };
             if sender.send(rb).await.is_err() {
                 return Ok(false);
@@ -826,6 +845,7 @@ async fn finish_positions(outlets: &mut [Outlet], end: &Position) {
                 batch: o.empty.clone(),
                 end: o.mark(&target),
                 open_transaction: false,
+                may_defer: false,
             };
             if sender.send(rb).await.is_ok() {
                 o.last_end = Some(target);

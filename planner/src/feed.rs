@@ -24,14 +24,21 @@ pub struct RouteBatch {
     /// `end` is not a position to commit. The batch that closes the
     /// transaction commits every staged part with it.
     pub open_transaction: bool,
+    /// The sink may hold the batch back and commit it, with its position,
+    /// together with the batches after it ([`crate::sink::Sink::prepare`]):
+    /// an initial snapshot's rows, so they land in files of the target
+    /// size. The runner says so only while the table's snapshot runs and
+    /// no transaction of the table is staged.
+    pub may_defer: bool,
 }
 
-/// Where a batch reaching the sink node ends ([`RouteBatch::end`] and
-/// [`RouteBatch::open_transaction`]).
+/// Where a batch reaching the sink node ends ([`RouteBatch::end`],
+/// [`RouteBatch::open_transaction`] and [`RouteBatch::may_defer`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Boundary {
     pub end: String,
     pub open_transaction: bool,
+    pub may_defer: bool,
 }
 
 /// The channel into one route's plan.

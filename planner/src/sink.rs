@@ -63,6 +63,16 @@ impl fmt::Debug for PreparedBatch {
     }
 }
 
+/// What [`Sink::commit_prepared`] did with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// The batch and its position are committed (with any deferred before
+    /// it).
+    Now,
+    /// Held back with its position, for a later commit of the table.
+    Deferred,
+}
+
 /// Why a sink could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
@@ -187,25 +197,34 @@ pub trait Sink: Send + Sync + fmt::Debug {
     /// same order, to [`Sink::commit_prepared`] or [`Sink::stage_prepared`].
     /// A prepared batch never committed (a crash, an earlier commit that
     /// failed) must leave nothing any reader or
-    /// [`Sink::committed_position`] sees. Default: nothing ahead.
+    /// [`Sink::committed_position`] sees.
+    ///
+    /// `may_defer`: the sink may hold the batch back
+    /// ([`Committed::Deferred`]) and commit it later with a batch after
+    /// it (an initial snapshot's rows, gathered into files of the target
+    /// size). Default: nothing ahead, nothing deferred.
     async fn prepare(
         &self,
         _table: &TargetTable,
         batch: SinkBatch,
+        _may_defer: bool,
     ) -> Result<PreparedBatch, SinkError> {
         Ok(PreparedBatch::plain(batch))
     }
-
-    /// [`Sink::commit`] of a batch [`Sink::prepare`] made.
+    /// [`Sink::commit`] of a batch [`Sink::prepare`] made. A batch
+    /// prepared with `may_defer` may be held back: then neither its rows
+    /// nor `position` are visible yet, and a later commit of the table
+    /// makes them visible with its own (a crash before it loses both
+    /// together, so the source sends them again).
     async fn commit_prepared(
         &self,
         table: &TargetTable,
         prepared: PreparedBatch,
         position: &str,
-    ) -> Result<(), SinkError> {
-        self.commit(table, &prepared.batch, position).await
+    ) -> Result<Committed, SinkError> {
+        self.commit(table, &prepared.batch, position).await?;
+        Ok(Committed::Now)
     }
-
     /// [`Sink::stage`] of a batch [`Sink::prepare`] made.
     async fn stage_prepared(
         &self,

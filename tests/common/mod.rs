@@ -380,6 +380,23 @@ pub fn duckdb_referenced_files(python: &std::path::Path, metadata: &str) -> Vec<
         .collect()
 }
 
+/// The current snapshot's live data and delete files of the table at
+/// `metadata`, as DuckDB reads the manifests: `content` (0 data, 1
+/// position deletes, 2 equality deletes), `size` (bytes), `records`.
+pub fn duckdb_live_files(python: &std::path::Path, metadata: &str) -> Vec<serde_json::Value> {
+    let out = harness(
+        python,
+        "iceberg_read.py",
+        &[metadata, "--live-files"],
+        &format!("DuckDB could not list the live files of {metadata}"),
+    );
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// The metadata location a SQL catalog (SQLite file) holds for a table.
 pub async fn catalog_metadata_location(
     db: &std::path::Path,

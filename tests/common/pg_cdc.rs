@@ -49,11 +49,13 @@ CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
 /// The snapshotting pipeline (`snap.sql`): both tables copied in chunks
 /// of 1,000 rows, then streamed; `items_select` is what `lake.items`
 /// selects from `src.public.items` (`*`, or with metadata columns).
+/// Data files of 1 MiB: the sink gathers a snapshot's batches into
+/// commits of that size, so a test's snapshot commits several times.
 pub fn snapshot_pipeline(dir: &Path, pg: &super::Postgres, items_select: &str) -> PathBuf {
     let text = format!(
         "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
 CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000, snapshot_parallelism = 2);
-CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg');
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg', target_file_size = '1MiB');
 CREATE TABLE lake.items WITH (primary_key = 'id') AS
   SELECT {items_select} FROM src.public.items;
 CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
@@ -390,12 +392,17 @@ pub fn free_addr() -> String {
 /// `confirmed_flush_lsn`: the server would skip it at the next start.
 pub async fn assert_slot_not_ahead(db: &PgPool, dir: &Path) {
     let flushed = confirmed_flush(db).await;
-    let positions = [
-        ("items", committed(dir, "items").await.unwrap_or(0)),
-        ("events", committed(dir, "events").await.unwrap_or(0)),
-    ];
+    // A table with no position yet (its snapshot's first rows may wait in
+    // the sink for a larger commit) is copied from the start by the next
+    // run: no change of it can be skipped.
+    let mut positions = Vec::new();
+    for table in ["items", "events"] {
+        if let Some(position) = committed(dir, table).await {
+            positions.push((table, position));
+        }
+    }
     for (commit, tables) in routed_commits(db).await {
-        for (table, position) in positions {
+        for &(table, position) in &positions {
             assert!(
                 !(tables.contains(&table) && commit > position && commit <= flushed),
                 "a transaction of {table} committed at {commit:X}, after the sink's position {position:X}, lies before the slot's confirmed_flush_lsn {flushed:X}: it would be skipped"

@@ -217,6 +217,31 @@ def referenced_files(metadata_json):
         print(path)
 
 
+def current_live_files(con, metadata_json):
+    """The current snapshot's live data and delete files: (path, content,
+    size, records) per file, as DuckDB reads the manifest list and the
+    manifests (content: 0 data, 1 position deletes, 2 equality deletes)."""
+    def local(p):
+        return p[len("file://"):] if p.startswith("file://") else p
+
+    with open(local(metadata_json)) as f:
+        md = json.load(f)
+    current = next(s for s in md["snapshots"] if s["snapshot-id"] == md["current-snapshot-id"])
+    for (manifest,) in con.execute("SELECT manifest_path FROM read_avro(?)",
+                                   [local(current["manifest-list"])]).fetchall():
+        yield from con.execute(
+            "SELECT data_file.file_path, data_file.content, data_file.file_size_in_bytes, "
+            "data_file.record_count FROM read_avro(?) WHERE status <> 2",
+            [local(manifest)]).fetchall()
+
+
+def live_files(metadata_json):
+    """The current snapshot's live data and delete files, one JSON object
+    a line (see current_live_files)."""
+    for (path, content, size, records) in current_live_files(connect(), metadata_json):
+        print(json.dumps({"path": path, "content": content, "size": size, "records": records}))
+
+
 def time_count(metadata_json):
     """Times count(*) over the table (iceberg_scan: deletes applied) and
     over its current snapshot's live data files read directly as Parquet,
@@ -227,20 +252,13 @@ def time_count(metadata_json):
     def local(p):
         return p[len("file://"):] if p.startswith("file://") else p
 
-    with open(local(metadata_json)) as f:
-        md = json.load(f)
     con = connect()
-    current = next(s for s in md["snapshots"] if s["snapshot-id"] == md["current-snapshot-id"])
     files, deletes = [], 0
-    for (manifest,) in con.execute("SELECT manifest_path FROM read_avro(?)",
-                                   [local(current["manifest-list"])]).fetchall():
-        for (path, content) in con.execute(
-                "SELECT data_file.file_path, data_file.content FROM read_avro(?) WHERE status <> 2",
-                [local(manifest)]).fetchall():
-            if content == 0:
-                files.append(local(path))
-            else:
-                deletes += 1
+    for (path, content, _, _) in current_live_files(con, metadata_json):
+        if content == 0:
+            files.append(local(path))
+        else:
+            deletes += 1
     started = time.monotonic()
     table_rows = con.execute("SELECT count(*) FROM iceberg_scan(?)", [metadata_json]).fetchone()[0]
     table_s = time.monotonic() - started
@@ -269,11 +287,16 @@ def main():
                    help="check the current snapshot's manifests (see check_sequence_numbers)")
     p.add_argument("--referenced-files", action="store_true",
                    help="list every file a kept snapshot reads (see referenced_files)")
+    p.add_argument("--live-files", action="store_true",
+                   help="list the current snapshot's live files (see live_files)")
     p.add_argument("--time-count", action="store_true",
                    help="time count(*) over the table and over its data files (see time_count)")
     args = p.parse_args()
     if args.time_count:
         time_count(args.metadata_json)
+        return
+    if args.live_files:
+        live_files(args.metadata_json)
         return
     if args.referenced_files:
         referenced_files(args.metadata_json)

@@ -157,6 +157,7 @@ impl ExecutionPlan for ChangeScanExec {
             feed.push_boundary(crate::feed::Boundary {
                 end: rb.end,
                 open_transaction: rb.open_transaction,
+                may_defer: rb.may_defer,
             });
             Ok(rb.batch)
         });

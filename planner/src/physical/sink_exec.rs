@@ -3,7 +3,9 @@
 //! source batch ends at; a batch the sink cannot write stops the route (the
 //! error names table, position and cause) — nothing is skipped. A part of a
 //! transaction that continues ([`crate::feed::Boundary::open_transaction`])
-//! is staged instead, and reports no commit.
+//! is staged instead, and reports no commit; so is a batch the sink defers
+//! ([`crate::sink::Committed::Deferred`], a snapshot's rows gathered into
+//! large files), which a later commit makes visible with its own position.
 //!
 //! Two stages: a task prepares each batch ([`Sink::prepare`], e.g. writes
 //! its data files) while the stream commits the batch before it, so a
@@ -29,7 +31,7 @@ use futures::StreamExt;
 use crate::context;
 use crate::feed::{Boundary, RouteFeed};
 use crate::logical::commit_stats_schema;
-use crate::sink::{PreparedBatch, Sink, SinkBatch, SinkError};
+use crate::sink::{Committed, PreparedBatch, Sink, SinkBatch, SinkError};
 use crate::spec::WriteMode;
 use crate::target::TargetTable;
 
@@ -166,8 +168,13 @@ struct Prepared {
 
 /// What stage two did with a prepared batch.
 enum Done {
-    /// Staged (a part of an open transaction).
-    Staged { rows: u64, deletes: u64 },
+    /// Staged (a part of an open transaction), or deferred by the sink
+    /// ([`Committed::Deferred`]): a later commit reports it.
+    Staged {
+        rows: u64,
+        deletes: u64,
+        micros: u64,
+    },
     /// Committed with its position.
     Committed {
         table: String,
@@ -196,7 +203,7 @@ async fn prepare(
     let started = std::time::Instant::now();
     let sink_batch = to_sink_batch(&batch, target_schema, target.mode, skip_deletes)?;
     let batch = sink
-        .prepare(target, sink_batch)
+        .prepare(target, sink_batch, boundary.may_defer)
         .await
         .map_err(|cause| commit_error(target, &boundary, cause))?;
     Ok(Prepared {
@@ -225,11 +232,23 @@ async fn commit(sink: &dyn Sink, target: &TargetTable, prepared: Prepared) -> Re
         sink.stage_prepared(target, batch)
             .await
             .map_err(|cause| commit_error(target, &boundary, cause))?;
-        return Ok(Done::Staged { rows, deletes });
+        return Ok(Done::Staged {
+            rows,
+            deletes,
+            micros: micros + started.elapsed().as_micros() as u64,
+        });
     }
-    sink.commit_prepared(target, batch, &boundary.end)
+    let committed = sink
+        .commit_prepared(target, batch, &boundary.end)
         .await
         .map_err(|cause| commit_error(target, &boundary, cause))?;
+    if committed == Committed::Deferred {
+        return Ok(Done::Staged {
+            rows,
+            deletes,
+            micros: micros + started.elapsed().as_micros() as u64,
+        });
+    }
     Ok(Done::Committed {
         table: target.display_name(),
         position: boundary.end,
@@ -339,13 +358,18 @@ impl ExecutionPlan for SinkExec {
             let target = Arc::clone(&target);
             async move { commit(&*sink, &target, item?).await }
         });
-        // Rows and deletes staged since the last commit: the commit that
-        // closes their transaction reports them.
-        let mut staged = (0u64, 0u64);
+        // Rows, deletes and sink time staged or deferred since the last
+        // commit: the commit that makes them visible reports them.
+        let mut staged = (0u64, 0u64, 0u64);
         let stream = commits.map(move |done| match done? {
-            Done::Staged { rows, deletes } => {
+            Done::Staged {
+                rows,
+                deletes,
+                micros,
+            } => {
                 staged.0 += rows;
                 staged.1 += deletes;
+                staged.2 += micros;
                 Ok(RecordBatch::new_empty(Arc::clone(&stats_schema)))
             }
             Done::Committed {
@@ -355,7 +379,7 @@ impl ExecutionPlan for SinkExec {
                 deletes,
                 micros,
             } => {
-                let (staged_rows, staged_deletes) = std::mem::take(&mut staged);
+                let (staged_rows, staged_deletes, staged_micros) = std::mem::take(&mut staged);
                 Ok(RecordBatch::try_new(
                     Arc::clone(&stats_schema),
                     vec![
@@ -363,7 +387,7 @@ impl ExecutionPlan for SinkExec {
                         Arc::new(StringArray::from(vec![position])),
                         Arc::new(UInt64Array::from(vec![rows + staged_rows])),
                         Arc::new(UInt64Array::from(vec![deletes + staged_deletes])),
-                        Arc::new(UInt64Array::from(vec![micros])),
+                        Arc::new(UInt64Array::from(vec![micros + staged_micros])),
                     ],
                 )?)
             }

@@ -3,18 +3,18 @@
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
-use iceberg::arrow::RecordBatchPartitionSplitter;
-use iceberg::spec::{
-    DataContentType, DataFile, DataFileFormat, PartitionKey, Struct, TableProperties,
-};
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use futures::TryStreamExt;
+use iceberg::arrow::{ArrowFileReader, RecordBatchPartitionSplitter};
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat, PartitionKey, Struct};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{
     DefaultFileNameGenerator, DefaultLocationGenerator,
 };
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
-use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use iceberg::writer::{CurrentFileStatus, IcebergWriter, IcebergWriterBuilder};
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
@@ -64,17 +64,15 @@ fn names(kind: &str) -> DefaultFileNameGenerator {
 }
 
 /// Writes `batch` (the table's Arrow form) as data files, one set per
-/// partition; `unique_keys` when it holds each key once.
+/// partition, rolling over at `target_size` bytes; `unique_keys` when it
+/// holds each key once.
 pub async fn write_data(
     table: &Table,
     batch: RecordBatch,
     unique_keys: bool,
+    target_size: usize,
 ) -> Result<Vec<DataFile>, SinkError> {
-    let mut w = DataWriter::new(
-        table,
-        TableProperties::PROPERTY_WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
-        unique_keys,
-    );
+    let mut w = DataWriter::new(table, target_size, unique_keys);
     w.write(batch).await?;
     w.close().await
 }
@@ -83,6 +81,11 @@ pub async fn write_data(
 /// used (its partition gets a new file if it comes back), so memory stays
 /// bounded however many partitions a rewrite meets.
 const MAX_OPEN_WRITERS: usize = 16;
+
+/// A data file writer that can tell its open file's size.
+trait OpenFileWriter: IcebergWriter + CurrentFileStatus {}
+
+impl<W: IcebergWriter + CurrentFileStatus> OpenFileWriter for W {}
 
 /// Data files written batch by batch (compaction rewrites partition groups
 /// through it): one rolling writer per partition, each rolling over at
@@ -94,11 +97,14 @@ pub struct DataWriter {
     /// Open writers by partition value (`None` unpartitioned), least
     /// recently used first. Keyed by the value, not its path text: a NULL
     /// and the string "null" are different partitions.
-    writers: Vec<(Option<Struct>, Box<dyn IcebergWriter>)>,
+    writers: Vec<(Option<Struct>, Box<dyn OpenFileWriter>)>,
     /// Files of writers already closed.
     closed: Vec<DataFile>,
     /// Whether the rows hold each key once.
     unique_keys: bool,
+    /// Row groups end at about this many bytes too
+    /// ([`ParquetFileWriterBuilder::with_row_group_bytes`]).
+    row_group_bytes: Option<usize>,
 }
 
 impl DataWriter {
@@ -111,7 +117,15 @@ impl DataWriter {
             writers: Vec::new(),
             closed: Vec::new(),
             unique_keys,
+            row_group_bytes: None,
         }
+    }
+
+    /// Row groups also end at about `bytes`, so the size
+    /// [`Self::largest_open_size`] estimates is off by less than that.
+    pub fn with_row_group_bytes(mut self, bytes: usize) -> Self {
+        self.row_group_bytes = Some(bytes);
+        self
     }
 
     /// Writes `batch` (the table's Arrow form).
@@ -149,12 +163,16 @@ impl DataWriter {
                         let (_, mut oldest) = self.writers.remove(0);
                         self.closed.extend(oldest.close().await.map_err(&err)?);
                     }
+                    let mut parquet = ParquetFileWriterBuilder::try_new(
+                        properties(unique_key_column(key_names(&schema), self.unique_keys)),
+                        schema.clone(),
+                    )
+                    .map_err(&err)?;
+                    if let Some(bytes) = self.row_group_bytes {
+                        parquet = parquet.with_row_group_bytes(bytes);
+                    }
                     let rolling = RollingFileWriterBuilder::new(
-                        ParquetFileWriterBuilder::try_new(
-                            properties(unique_key_column(key_names(&schema), self.unique_keys)),
-                            schema.clone(),
-                        )
-                        .map_err(&err)?,
+                        parquet,
                         self.target_size,
                         table.file_io().clone(),
                         DefaultLocationGenerator::new(md).map_err(&err)?,
@@ -173,6 +191,31 @@ impl DataWriter {
         Ok(())
     }
 
+    /// The bytes the largest open file holds so far (written and
+    /// buffered): what a caller gathering rows into files of a target
+    /// size watches.
+    pub fn largest_open_size(&self) -> usize {
+        self.writers
+            .iter()
+            .map(|(_, w)| w.current_written_size())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The paths of the files open now (each has had rows written).
+    pub fn open_paths(&self) -> Vec<String> {
+        self.writers
+            .iter()
+            .map(|(_, w)| w.current_file_path())
+            .collect()
+    }
+
+    /// The data files closed so far (a partition's writer closed to make
+    /// room, or a file rolled over): they are on storage already.
+    pub fn closed(&self) -> &[DataFile] {
+        &self.closed
+    }
+
     /// Closes every file; the data files written.
     pub async fn close(mut self) -> Result<Vec<DataFile>, SinkError> {
         let err = io_error("writing data files");
@@ -181,6 +224,51 @@ impl DataWriter {
             files.extend(w.close().await.map_err(&err)?);
         }
         Ok(files)
+    }
+}
+
+/// The values of the top-level column `name` in the data files `files`,
+/// in file order, read column by column through the table's storage (a
+/// large file is never read whole): what a commit reads back when it must
+/// check the keys it wrote against another writer's.
+pub async fn read_column(
+    table: &Table,
+    files: &[DataFile],
+    name: &str,
+) -> Result<ArrayRef, SinkError> {
+    let err = io_error("reading back a column of data files");
+    let parquet_err = |e: parquet::errors::ParquetError| {
+        SinkError::Io(format!("reading back a column of data files: {e}"))
+    };
+    let mut parts: Vec<ArrayRef> = Vec::new();
+    for f in files {
+        let input = table.file_io().new_input(f.file_path()).map_err(&err)?;
+        let reader = ArrowFileReader::new(
+            input.metadata().await.map_err(&err)?,
+            input.reader().await.map_err(&err)?,
+        );
+        let builder = ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .map_err(parquet_err)?;
+        let mask = ProjectionMask::columns(builder.parquet_schema(), [name]);
+        let batches: Vec<RecordBatch> = builder
+            .with_projection(mask)
+            .build()
+            .map_err(parquet_err)?
+            .try_collect()
+            .await
+            .map_err(parquet_err)?;
+        for b in batches {
+            let column = b
+                .column_by_name(name)
+                .ok_or_else(|| SinkError::Io(format!("{} has no column {name}", f.file_path())))?;
+            parts.push(Arc::clone(column));
+        }
+    }
+    let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+    match parts.as_slice() {
+        [] => Err(SinkError::Io(format!("no data file to read {name} from"))),
+        parts => arrow::compute::concat(parts).map_err(io_error("joining the column's parts")),
     }
 }
 

@@ -21,9 +21,9 @@ mod orphans;
 mod parquet_file;
 mod read;
 pub mod schema;
+mod snapshot_group;
 mod uuid_text;
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -44,7 +44,7 @@ use tokio::sync::{Mutex, OnceCell};
 use urutau_planner::evolution::SchemaChanges;
 use urutau_planner::options::{OptionDef, OptionType};
 use urutau_planner::registry::{SinkKindDef, SinkProvider};
-use urutau_planner::sink::{PreparedBatch, Sink, SinkBatch, SinkError};
+use urutau_planner::sink::{Committed, PreparedBatch, Sink, SinkBatch, SinkError};
 use urutau_planner::spec::{SinkSpec, WriteMode};
 use urutau_planner::target::TargetTable;
 
@@ -52,6 +52,7 @@ use catalog::{Conn, Outcome, RestCatalogConn, RestConfig, SqlCatalogConn};
 use commit::RowDelta;
 use key_ranges::KeyRanges;
 use maintenance::Maintenance;
+use snapshot_group::SnapshotGroup;
 
 /// Maps an error of the iceberg crate (or any other) into a sink error with
 /// what was being done. A certificate the object store's client refused
@@ -193,6 +194,11 @@ fn options() -> Vec<OptionDef> {
             "ca_cert",
             T::String,
             "REST and S3 over https: PEM file of the CA(s) the catalog's and the object store's certificates are signed by; both then trust exactly these (default: SSL_CERT_FILE, else the catalog client's built-in web CAs and the object store client's system CAs)",
+        ),
+        OptionDef::new(
+            "target_file_size",
+            T::Size,
+            "data files are written up to this size, and an initial snapshot's rows are gathered into files of it (default: maintenance_compaction_target_file_size when set, else the table's write.target-file-size-bytes, 512Mi)",
         ),
         OptionDef::new("maintenance_enabled", T::Bool, "run table maintenance"),
         OptionDef::new(
@@ -339,6 +345,13 @@ impl SinkProvider for IcebergSinkProvider {
                 }
                 m
             },
+            target_file_size: match get("target_file_size") {
+                Some(text) => Some(
+                    urutau_planner::options::parse_size(&text)
+                        .map_err(|e| SinkError::Unavailable(format!("target_file_size: {e}")))?,
+                ),
+                None => None,
+            },
             conn: OnceCell::new(),
             tables: Mutex::new(HashMap::new()),
         }))
@@ -374,6 +387,13 @@ struct Writing {
     /// Local files written for batches not committed yet: no snapshot
     /// references them, and orphan cleanup must leave them.
     pending: std::sync::Mutex<HashSet<PathBuf>>,
+    /// A snapshot's deferred batches not committed yet ([`snapshot_group`]).
+    group: Mutex<Option<SnapshotGroup>>,
+    /// The size data files grow to, those a snapshot group gathers too:
+    /// the sink's `target_file_size`, else compaction's target when
+    /// configured, else the table's `write.target-file-size-bytes` (512
+    /// MiB by default).
+    target_file_size: usize,
 }
 
 impl Writing {
@@ -400,9 +420,36 @@ struct PreparedFiles {
     delete_files: Vec<DataFile>,
     /// The keys written without an equality delete (none was in the
     /// table as far as [`Writing::key_ranges`] knew).
-    fresh: Option<ArrayRef>,
+    fresh: Fresh,
     /// [`Writing::others_seen`] before the key ranges were read.
     others_seen: u64,
+}
+
+/// The keys a commit writes as new ([`IcebergSink::commit_with_retries`]).
+enum Fresh {
+    None,
+    Keys(ArrayRef),
+    /// Every row of the delta's data files (a snapshot group's): read back
+    /// from them when a commit must check them.
+    InDataFiles,
+}
+
+/// What [`IcebergSink::prepare`] did for a batch.
+enum Work {
+    /// The batch's own files (`None`: it has no rows).
+    Files(Option<PreparedFiles>),
+    /// The batch joined the open snapshot group: nothing to commit yet.
+    Deferred,
+    /// A snapshot group closed: staged first, then the batch's own files
+    /// (`None`: it has none, or its rows are in the group).
+    Group(GroupFiles, Option<PreparedFiles>),
+}
+
+/// A closed snapshot group's files: the appended rows', and its held rows'
+/// (one part), staged in that order.
+struct GroupFiles {
+    appended: PreparedFiles,
+    held: Option<PreparedFiles>,
 }
 
 /// A table's entry: what writing files needs, and the state commits hold.
@@ -434,6 +481,8 @@ pub struct IcebergSink {
     warehouse: String,
     catalog_name: String,
     maintenance: Maintenance,
+    /// `target_file_size`, when given ([`IcebergSink::target_file_size`]).
+    target_file_size: Option<u64>,
     conn: OnceCell<Conn>,
     tables: Mutex<HashMap<String, TableEntry>>,
 }
@@ -618,17 +667,23 @@ impl IcebergSink {
     /// looked for by its id before it is tried again.
     ///
     /// `fresh` holds the keys of the rows written without an equality
-    /// delete (none was in the table): when a conflict shows another
-    /// writer's commit, or `others_since` says one was found after the
-    /// files were written, those of them its files may hold get one.
+    /// delete (none was in the table), or says every row of the delta's
+    /// data files has one: when a conflict shows another writer's commit,
+    /// or `others_since` says one was found after the files were written,
+    /// those of them its files may hold get one.
     async fn commit_with_retries(
         &self,
         state: &mut TableState,
         delta: &mut RowDelta,
         position_only: bool,
-        mut fresh: Option<ArrayRef>,
+        fresh: Fresh,
         others_since: bool,
     ) -> Result<(), SinkError> {
+        let (mut fresh, mut fresh_in_data_files) = match fresh {
+            Fresh::None => (None, false),
+            Fresh::Keys(keys) => (Some(keys), false),
+            Fresh::InDataFiles => (None, true),
+        };
         let conn = self.conn().await?;
         let mut table = state.table.clone();
         let mut last_error = None;
@@ -649,11 +704,16 @@ impl IcebergSink {
             }
             // A reload, or one since the files were written, may show
             // another writer's commits.
-            let theirs = if attempt > 0 || (others_since && fresh.is_some()) {
-                self.take_in_other_writers(state, &table).await?
-            } else {
-                None
-            };
+            let theirs =
+                if attempt > 0 || (others_since && (fresh.is_some() || fresh_in_data_files)) {
+                    self.take_in_other_writers(state, &table).await?
+                } else {
+                    None
+                };
+            if theirs.is_some() && fresh_in_data_files {
+                fresh_in_data_files = false;
+                fresh = Some(self.read_back_keys(state, &delta.data_files).await?);
+            }
             if let Some(theirs) = &theirs
                 && let Some(keys) = fresh.take()
             {
@@ -694,7 +754,14 @@ impl IcebergSink {
 #[async_trait]
 impl Sink for IcebergSink {
     fn extra_work(&self) -> Option<String> {
-        self.maintenance.describe()
+        let files = self
+            .target_file_size
+            .map(|n| format!("target_file_size={n} (snapshots gathered into files of it)"));
+        let parts: Vec<String> = files
+            .into_iter()
+            .chain(self.maintenance.describe())
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
     }
 
     async fn ensure_table(&self, target: &TargetTable) -> Result<(), SinkError> {
@@ -775,6 +842,8 @@ impl Sink for IcebergSink {
             others_seen: AtomicU64::new(0),
             files_gate: tokio::sync::RwLock::new(()),
             pending: std::sync::Mutex::new(HashSet::new()),
+            group: Mutex::new(None),
+            target_file_size: self.target_file_size(&table),
         });
         let state = Arc::new(Mutex::new(TableState {
             ident,
@@ -847,11 +916,12 @@ impl Sink for IcebergSink {
         &self,
         target: &TargetTable,
         batch: SinkBatch,
+        may_defer: bool,
     ) -> Result<PreparedBatch, SinkError> {
-        let files = self.write_files(target, &batch).await?;
+        let work = self.prepare_work(target, &batch, may_defer).await?;
         Ok(PreparedBatch {
             batch,
-            work: files.map(|f| Box::new(f) as Box<dyn Any + Send + Sync>),
+            work: Some(Box::new(work)),
         })
     }
 
@@ -860,7 +930,16 @@ impl Sink for IcebergSink {
         target: &TargetTable,
         prepared: PreparedBatch,
     ) -> Result<(), SinkError> {
-        self.stage_files(target, prepared_files(prepared)?).await
+        match prepared_work(prepared)? {
+            Work::Files(files) => self.stage_files(target, files).await,
+            Work::Deferred => Err(SinkError::Io(
+                "internal: a staged part of a transaction was deferred".to_string(),
+            )),
+            Work::Group(group, files) => {
+                self.stage_group(target, group).await?;
+                self.stage_files(target, files).await
+            }
+        }
     }
 
     async fn commit_prepared(
@@ -868,27 +947,145 @@ impl Sink for IcebergSink {
         target: &TargetTable,
         prepared: PreparedBatch,
         position: &str,
-    ) -> Result<(), SinkError> {
-        self.commit_files(target, prepared_files(prepared)?, Some(position))
-            .await
+    ) -> Result<Committed, SinkError> {
+        match prepared_work(prepared)? {
+            Work::Files(files) => self.commit_files(target, files, Some(position)).await?,
+            Work::Deferred => return Ok(Committed::Deferred),
+            Work::Group(group, files) => {
+                self.stage_group(target, group).await?;
+                self.commit_files(target, files, Some(position)).await?
+            }
+        }
+        Ok(Committed::Now)
     }
 }
 
-/// The files [`IcebergSink::write_files`] wrote for a prepared batch.
-fn prepared_files(prepared: PreparedBatch) -> Result<Option<PreparedFiles>, SinkError> {
+/// What [`IcebergSink::prepare`] did for a batch.
+fn prepared_work(prepared: PreparedBatch) -> Result<Work, SinkError> {
     match prepared.work {
-        None if prepared.batch.rows.num_rows() == 0 => Ok(None),
+        None if prepared.batch.rows.num_rows() == 0 => Ok(Work::Files(None)),
         None => Err(SinkError::Io(
             "a batch with rows reached the Iceberg sink unprepared".to_string(),
         )),
         Some(work) => work
-            .downcast::<PreparedFiles>()
-            .map(|f| Some(*f))
+            .downcast::<Work>()
+            .map(|w| *w)
             .map_err(|_| SinkError::Io("a batch prepared by another sink".to_string())),
     }
 }
 
 impl IcebergSink {
+    /// The size data files grow to (see [`Writing::target_file_size`]).
+    fn target_file_size(&self, table: &Table) -> usize {
+        let given = self.target_file_size.or(self
+            .maintenance
+            .compaction
+            .as_ref()
+            .map(|c| c.target_file_size));
+        if let Some(size) = given {
+            return usize::try_from(size).unwrap_or(usize::MAX);
+        }
+        table
+            .metadata()
+            .properties()
+            .get(iceberg::spec::TableProperties::PROPERTY_WRITE_TARGET_FILE_SIZE_BYTES)
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(
+                iceberg::spec::TableProperties::PROPERTY_WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+            )
+    }
+
+    /// Stage one for a batch: its own files, or (`may_defer`, an upsert or
+    /// append table) its plain appends into the snapshot group and the rest
+    /// held there ([`snapshot_group`]). A batch that may not be deferred
+    /// closes the open group (its plain appends join it first, so the
+    /// snapshot's last rows do not make a small file of their own), and its
+    /// commit commits the group before its own files.
+    async fn prepare_work(
+        &self,
+        target: &TargetTable,
+        batch: &SinkBatch,
+        may_defer: bool,
+    ) -> Result<Work, SinkError> {
+        let w = self.entry(target).await?.writing;
+        let mut group = w.group.lock().await;
+        let groups = matches!(target.mode, WriteMode::Upsert | WriteMode::Append);
+        if !groups || (!may_defer && group.is_none()) {
+            return Ok(Work::Files(self.write_files(target, batch).await?));
+        }
+        // Read before the key ranges (as `write_files` does).
+        let others_seen = w.others_seen.load(Ordering::SeqCst);
+        let (appends, rest) = split_appends(&w, target.mode, batch)?;
+        match appends {
+            None if group.is_none() => {
+                return Ok(Work::Files(self.write_files(target, batch).await?));
+            }
+            None => {}
+            Some(rows) => {
+                let g = group.get_or_insert_with(|| {
+                    SnapshotGroup::open(
+                        &w.table,
+                        w.target_file_size,
+                        target.mode == WriteMode::Upsert,
+                        others_seen,
+                    )
+                });
+                // Until the group's files are listed as pending, orphan
+                // cleanup waits.
+                let _writing = w.files_gate.read().await;
+                g.append(rows).await?;
+                w.pending().extend(g.local_paths());
+            }
+        }
+        if !may_defer {
+            let g = group.take().expect("open group");
+            tracing::debug!(table = %target.display_name(), "a batch that may not be deferred closes the snapshot group");
+            let closed = self.close_group(target, &w, g).await?;
+            let own = self.write_files(target, &rest).await?;
+            return Ok(Work::Group(closed, own));
+        }
+        let g = group.as_mut().expect("open group");
+        g.hold(rest);
+        let Some(reason) = g.due() else {
+            return Ok(Work::Deferred);
+        };
+        let g = group.take().expect("open group");
+        tracing::debug!(table = %target.display_name(), reason, "the snapshot group is due");
+        Ok(Work::Group(self.close_group(target, &w, g).await?, None))
+    }
+
+    /// Closes a snapshot group: its file, and its held rows written as one
+    /// part (their keys are all in the key ranges, so every one gets its
+    /// equality delete).
+    async fn close_group(
+        &self,
+        target: &TargetTable,
+        w: &Writing,
+        group: SnapshotGroup,
+    ) -> Result<GroupFiles, SinkError> {
+        let key = match w.key_indices.as_slice() {
+            [k] => w.arrow.field(*k).name().clone(),
+            // Only an upsert table with one key column holds rows.
+            _ => String::new(),
+        };
+        let closed = group.close(&key).await?;
+        let held = match &closed.held {
+            Some(rows) => self.write_files(target, rows).await?,
+            None => None,
+        };
+        Ok(GroupFiles {
+            appended: closed.appended,
+            held,
+        })
+    }
+
+    /// Stages a closed group's appended rows, then its held rows; the
+    /// commit after them makes them visible.
+    async fn stage_group(&self, target: &TargetTable, group: GroupFiles) -> Result<(), SinkError> {
+        self.stage_files(target, Some(group.appended)).await?;
+        self.stage_files(target, group.held).await
+    }
+
     /// Stages a prepared batch (a part of an open transaction); an empty
     /// one stages nothing.
     async fn stage_files(
@@ -927,12 +1124,12 @@ impl IcebergSink {
                 if commit::committed_position(s.table.metadata()).as_deref() == position {
                     return Ok(());
                 }
-                self.commit_with_retries(&mut s, &mut delta, true, None, false)
+                self.commit_with_retries(&mut s, &mut delta, true, Fresh::None, false)
                     .await?;
                 self.maintain(&mut s).await;
                 return Ok(());
             }
-            None => (None, false),
+            None => (Fresh::None, false),
             Some(f) => {
                 delta.data_files = f.data_files;
                 delta.delete_files = f.delete_files;
@@ -982,7 +1179,7 @@ impl IcebergSink {
         let others_seen = w.others_seen.load(Ordering::SeqCst);
         let rows = conform_by_name(&batch.rows, &w.arrow).map_err(SinkError::Rejected)?;
         let mut deletes = None;
-        let mut fresh = None;
+        let mut fresh = Fresh::None;
         let data = match target.mode {
             WriteMode::Upsert => {
                 let keys: Vec<ArrayRef> = w
@@ -1003,7 +1200,9 @@ impl IcebergSink {
                         .map_err(io_error("selecting rows"))?;
                     let new_keys =
                         filter(keys.column(0), &new).map_err(io_error("selecting rows"))?;
-                    fresh = (!new_keys.is_empty()).then_some(new_keys);
+                    if !new_keys.is_empty() {
+                        fresh = Fresh::Keys(new_keys);
+                    }
                     // Rows kept: those the table may hold, and new live ones.
                     let kept = or(&present, &live).map_err(io_error("selecting rows"))?;
                     let deletes =
@@ -1033,7 +1232,7 @@ impl IcebergSink {
             WriteMode::Append | WriteMode::AppendIdempotent => rows,
         };
         let unique_keys = target.mode == WriteMode::Upsert;
-        let data_files = files::write_data(&w.table, data, unique_keys).await?;
+        let data_files = files::write_data(&w.table, data, unique_keys, w.target_file_size).await?;
         let delete_files = match deletes {
             Some(task) => task
                 .await
@@ -1073,6 +1272,25 @@ impl IcebergSink {
         Ok(Some(theirs))
     }
 
+    /// The key column of `files` (data files this sink wrote, every key
+    /// new when written), read back in the table's Arrow form.
+    async fn read_back_keys(
+        &self,
+        state: &TableState,
+        files: &[DataFile],
+    ) -> Result<ArrayRef, SinkError> {
+        let w = &state.writing;
+        let [k] = w.key_indices.as_slice() else {
+            return Err(SinkError::Io(
+                "internal: keys read back for a table without one key column".to_string(),
+            ));
+        };
+        let field = w.arrow.field(*k);
+        let keys = files::read_column(&w.table, files, field.name()).await?;
+        schema::conform(&keys, field.data_type())
+            .map_err(|e| SinkError::Io(format!("reading back {}: {e}", field.name())))
+    }
+
     /// Another writer's commit may hold keys this delta writes as new:
     /// those of `fresh` that `theirs` (the table's key ranges) may hold get
     /// an equality delete (added to `delta` and `added`); returns the keys
@@ -1106,6 +1324,54 @@ impl IcebergSink {
             .map_err(io_error("selecting rows"))?;
         Ok((!still.is_empty()).then_some(still))
     }
+}
+
+/// Splits a batch into its plain appends (a snapshot group takes them):
+/// rows whose key lies outside every known key range and that are not
+/// deletes (every row of an append table), in the table's Arrow form
+/// (their keys join the key ranges here); and the rest, as a batch in
+/// the route's form (empty when all are appends). `None` when no row is a
+/// plain append (an upsert table whose keys are not tracked has none).
+fn split_appends(
+    w: &Writing,
+    mode: WriteMode,
+    batch: &SinkBatch,
+) -> Result<(Option<RecordBatch>, SinkBatch), SinkError> {
+    let none = |b: &SinkBatch| (None, b.clone());
+    if batch.rows.num_rows() == 0 {
+        return Ok(none(batch));
+    }
+    let rows = conform_by_name(&batch.rows, &w.arrow).map_err(SinkError::Rejected)?;
+    if mode != WriteMode::Upsert {
+        let rest = SinkBatch {
+            rows: batch.rows.slice(0, 0),
+            deletes: batch.deletes.slice(0, 0),
+        };
+        return Ok((Some(rows), rest));
+    }
+    let ([k], [_]) = (w.key_indices.as_slice(), w.key_ids.as_slice()) else {
+        return Ok(none(batch));
+    };
+    let key = Arc::clone(rows.column(*k));
+    let present = w.key_ranges().may_contain(&key);
+    let live = not(&batch.deletes).map_err(io_error("selecting rows"))?;
+    let append = and(&not(&present).map_err(io_error("selecting rows"))?, &live)
+        .map_err(io_error("selecting rows"))?;
+    if append.true_count() == 0 {
+        return Ok(none(batch));
+    }
+    let appended = filter_record_batch(&rows, &append).map_err(io_error("selecting rows"))?;
+    let keys = filter(&key, &append).map_err(io_error("selecting rows"))?;
+    w.key_ranges().add_keys(&keys);
+    let others = not(&append).map_err(io_error("selecting rows"))?;
+    let rest = SinkBatch {
+        rows: filter_record_batch(&batch.rows, &others).map_err(io_error("selecting rows"))?,
+        deletes: filter(&batch.deletes, &others)
+            .map_err(io_error("selecting rows"))?
+            .as_boolean()
+            .clone(),
+    };
+    Ok((Some(appended), rest))
 }
 
 /// The batch's columns matched to the table's by name, in the table's

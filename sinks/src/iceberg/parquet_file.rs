@@ -48,6 +48,9 @@ pub struct ParquetFileWriterBuilder {
     /// The Parquet schema with uuid columns annotated, when the schema has
     /// any (otherwise the Arrow writer derives it, as for any file).
     parquet: Option<TypePtr>,
+    /// A row group is flushed once its estimated size reaches this
+    /// (`None`: at the properties' row count only).
+    row_group_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for ParquetFileWriterBuilder {
@@ -76,7 +79,17 @@ impl ParquetFileWriterBuilder {
             schema,
             arrow,
             parquet,
+            row_group_bytes: None,
         })
+    }
+
+    /// Row groups also end at about `bytes` (estimated, before the
+    /// compression of the last page), so a file's flushed size, which is
+    /// exact, trails its written rows by less than that: a writer that
+    /// closes files at a target size can tell when the file has reached it.
+    pub fn with_row_group_bytes(mut self, bytes: usize) -> Self {
+        self.row_group_bytes = Some(bytes.max(1));
+        self
     }
 }
 
@@ -183,11 +196,19 @@ impl FileWriter for ParquetFileWriter {
         let fields = self.builder.schema.as_struct().fields();
         count_nans(fields, batch.columns(), &mut self.nan_counts);
         self.rows += batch.num_rows();
-        self.open()
-            .await?
+        let limit = self.builder.row_group_bytes;
+        let writer = self.open().await?;
+        writer
             .write(batch)
             .await
-            .map_err(parquet_error("writing a Parquet file"))
+            .map_err(parquet_error("writing a Parquet file"))?;
+        if limit.is_some_and(|l| writer.in_progress_size() >= l) {
+            writer
+                .flush()
+                .await
+                .map_err(parquet_error("writing a Parquet file"))?;
+        }
+        Ok(())
     }
 
     async fn close(mut self) -> iceberg::Result<Vec<DataFileBuilder>> {

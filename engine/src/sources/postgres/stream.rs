@@ -1291,8 +1291,18 @@ async fn stream(
             // A transaction larger than a batch goes on in parts, so
             // memory stays bounded by the batch size.
             if a.part_due(a.batch_limit(policy.max_rows, cfg.snapshot_batch_rows)) {
-                let part = a.take_part()?;
-                if tx.send(Ok(part)).await.is_err() {
+                // Nothing of the open transaction built yet (a watermark's,
+                // whose chunk rows are closed at its message): what waits
+                // is a whole batch, committed, not a part to stage.
+                let whole = match a.tx_rows == 0 && !a.tx_split {
+                    true => a.take_batch()?,
+                    false => None,
+                };
+                let batch = match whole {
+                    Some(b) => b,
+                    None => a.take_part()?,
+                };
+                if tx.send(Ok(batch)).await.is_err() {
                     break;
                 }
             }
