@@ -11,6 +11,9 @@ CREATE SINK lake INTO iceberg WITH (
   uri       = 'sqlite://warehouse/catalog.db',
   warehouse = 'warehouse',
   namespace = 'maintained',
+  -- Data files are written up to 256 MiB (an initial snapshot is gathered
+  -- into files of this size); compaction rewrites small ones into 512 MiB.
+  target_file_size = '256Mi',
   maintenance_enabled = true,
   -- Rewrite the live rows (deletes applied) into large files once 5 small
   -- data files or delete files have accumulated.
