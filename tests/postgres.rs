@@ -15,7 +15,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-use sqlx::Executor;
+use sqlx::{Executor, Row};
 
 /// The acceptance suite's streaming half: a concurrent seeded writer, the
 /// pipeline killed with SIGKILL at random moments five times (the slot is
@@ -262,6 +262,20 @@ async fn snapshot_of_100k_rows_with_a_concurrent_writer_survives_kill_9() {
             ] {
                 assert!(metrics.contains(needle), "{needle} in\n{metrics}");
             }
+            // The first kill lands once the copy has committed progress
+            // (the sink gathers a snapshot's rows into files of 1 MiB
+            // before it commits, so on a loaded machine that can take
+            // longer than the random pause).
+            assert!(
+                eventually(120, || async {
+                    property(dir.path(), "items", "cdc.snapshot.state")
+                        .await
+                        .as_deref()
+                        == Some("in_progress")
+                })
+                .await,
+                "items' snapshot never committed progress"
+            );
         }
         assert!(
             child.try_wait().unwrap().is_none(),
@@ -321,6 +335,149 @@ async fn snapshot_of_100k_rows_with_a_concurrent_writer_survives_kill_9() {
         source_events(&db).await
     );
     assert_final_acknowledgement(&db, dir.path()).await;
+}
+
+/// Tables without a primary key: `items` (its `id` NOT NULL and unique)
+/// is copied by that unique index, `events` (no unique index at all) by
+/// ctid ranges, while a seeded writer changes both. Killed with SIGKILL
+/// mid-snapshot, `events` is rewritten by VACUUM FULL while the pipeline
+/// is down (its committed progress names the old file: the copy starts
+/// over) and again while it copies (a chunk sees the new file: the run
+/// restarts and starts over). DuckDB then reads both tables equal to
+/// Postgres.
+#[tokio::test]
+async fn tables_without_a_primary_key_are_copied_by_unique_index_or_ctid() {
+    let (python, dir, pg, db) = start().await;
+    const ROWS: i64 = 20_000;
+    prefill(&db, ROWS).await;
+    db.execute(
+        "ALTER TABLE items DROP CONSTRAINT items_pkey, ALTER COLUMN id SET NOT NULL, ADD UNIQUE (id);
+         ALTER TABLE events DROP CONSTRAINT events_pkey, ALTER COLUMN id SET NOT NULL,
+           ADD COLUMN pad text;
+         INSERT INTO events SELECT i, i * 3, 'seed', md5(i::text) || md5((i + 1)::text)
+           FROM generate_series(5001, 100000) i;
+         ANALYZE events",
+    )
+    .await
+    .unwrap();
+    // Small files: the sink commits (and so records the copy's progress)
+    // several times while `events` (padded) is copied.
+    let p = snapshot_pipeline_with_files_of(dir.path(), &pg, "*", "128KiB");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let db = db.clone();
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move { workload(&db, 5, 3_000, &stop, ROWS, 100_001).await })
+    };
+    let spawn = |n: usize| {
+        let log = std::fs::File::create(dir.path().join(format!("run{n}.log"))).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_urutau"))
+            .args(["run", p.to_str().unwrap(), "--log-level", "info"])
+            .env("URUTAU_TEST_SNAPSHOT_WINDOW_MS", "60")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    };
+    let log = |n: usize| std::fs::read_to_string(dir.path().join(format!("run{n}.log"))).unwrap();
+    let events_state = || async { property(dir.path(), "events", "cdc.snapshot.state").await };
+    let events_in_progress = || async {
+        eventually(120, || async {
+            events_state().await.as_deref() == Some("in_progress")
+        })
+        .await
+    };
+
+    // Run 0: killed once the copy of events has committed progress.
+    let mut child = spawn(0);
+    assert!(
+        events_in_progress().await,
+        "events' snapshot never committed progress: {}",
+        log(0)
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let run0 = log(0);
+    assert!(
+        run0.contains("reads the table in ctid ranges") && run0.contains("public.events"),
+        "{run0}"
+    );
+    assert!(
+        run0.contains("in the order of a unique index") && run0.contains("items_id_key"),
+        "{run0}"
+    );
+    assert_slot_not_ahead(&db, dir.path()).await;
+    db.execute("VACUUM FULL events").await.unwrap();
+
+    // Run 1: the rewrite while down restarts the copy; a rewrite while it
+    // copies restarts the run.
+    let mut child = spawn(1);
+    assert!(
+        eventually(60, || async {
+            log(1).contains("rewritten (VACUUM FULL, CLUSTER or TRUNCATE) since")
+        })
+        .await,
+        "{}",
+        log(1)
+    );
+    db.execute("VACUUM FULL events").await.unwrap();
+    assert!(
+        eventually(60, || async {
+            log(1).contains("while the snapshot read it by ctid")
+        })
+        .await,
+        "{}",
+        log(1)
+    );
+    let mut rng = StdRng::seed_from_u64(3);
+    tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run stopped: {}",
+        log(1)
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_slot_not_ahead(&db, dir.path()).await;
+
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    let out = run_to_end(&p);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for table in ["items", "events"] {
+        assert_eq!(
+            property(dir.path(), table, "cdc.snapshot.state")
+                .await
+                .as_deref(),
+            Some("complete"),
+            "{table}"
+        );
+    }
+    let read = assert_items_equal(&python, dir.path(), &db, &[]).await;
+    assert!(read.len() as i64 > ROWS / 2, "{} rows", read.len());
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pg", "events")
+        .await
+        .unwrap();
+    let events: Vec<Value> = sqlx::query("SELECT id, item, kind, pad FROM events ORDER BY id")
+        .fetch_all(&db)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "id": r.get::<i64, _>("id"),
+                "item": r.get::<i64, _>("item"),
+                "kind": r.get::<Option<String>, _>("kind"),
+                "pad": r.get::<Option<String>, _>("pad"),
+            })
+        })
+        .collect();
+    assert!(events.len() > 90_000, "{} events", events.len());
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), events);
 }
 
 /// Values that COPY's text format escapes (tab, newline, carriage return,

@@ -52,10 +52,20 @@ CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;
 /// Data files of 1 MiB: the sink gathers a snapshot's batches into
 /// commits of that size, so a test's snapshot commits several times.
 pub fn snapshot_pipeline(dir: &Path, pg: &super::Postgres, items_select: &str) -> PathBuf {
+    snapshot_pipeline_with_files_of(dir, pg, items_select, "1MiB")
+}
+
+/// [`snapshot_pipeline`] with data files of `target_file_size`.
+pub fn snapshot_pipeline_with_files_of(
+    dir: &Path,
+    pg: &super::Postgres,
+    items_select: &str,
+    target_file_size: &str,
+) -> PathBuf {
     let text = format!(
         "CREATE PIPELINE pg WITH (max_batch_rows = 2000, max_batch_interval = '200ms');
 CREATE SOURCE src FROM postgres WITH (uri = '{uri}', slot = 'urutau_test', snapshot_chunk_rows = 1000, snapshot_parallelism = 2);
-CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg', target_file_size = '1MiB');
+CREATE SINK lake INTO iceberg WITH (uri = 'sqlite://{d}/catalog.db', warehouse = '{d}/wh', namespace = 'pg', target_file_size = '{target_file_size}');
 CREATE TABLE lake.items WITH (primary_key = 'id') AS
   SELECT {items_select} FROM src.public.items;
 CREATE TABLE lake.events WITH (primary_key = 'id') AS SELECT * FROM src.events;

@@ -25,8 +25,9 @@
 //!
 //! Unless `snapshot = 'none'`, the routed tables are copied first, DBLog
 //! style, while the stream flows ([`snapshot`]): chunks in primary-key
-//! order between low and high watermarks, progress committed in the sink
-//! with the rows.
+//! order (or a unique index's, or ctid's for a table with neither)
+//! between low and high watermarks, progress committed in the sink with
+//! the rows.
 
 mod catalog;
 mod errors;
@@ -105,7 +106,7 @@ impl PostgresSourceProvider {
                     OptionDef::new(
                         "snapshot_parallelism",
                         T::Int { min: 1, max: 64 },
-                        "tables the initial snapshot copies at once, each in a session of its own (default: the machine's cores; a table's chunks are read in key order by one session)",
+                        "sessions the initial snapshot reads chunks in at once, across tables and across the key ranges of one table (default: the machine's cores)",
                     ),
                     OptionDef::new(
                         "snapshot_batch_rows",

@@ -22,6 +22,16 @@
 //! it; changes after it are applied after it. Upsert sinks therefore end
 //! equal to the source whichever chunk a crash interrupts.
 //!
+//! The key a table is read by is its primary key; without one, a unique
+//! index on NOT NULL columns whose values every change's old row carries;
+//! without one, `ctid` (the row's place: chunks are page ranges read by a
+//! TID range scan), when the table has REPLICA IDENTITY FULL: a window
+//! then tells the rows live changes touched by all their values (every
+//! version a chunk can read is the old or new row of a change inside the
+//! window), and a rewrite of the table (VACUUM FULL, CLUSTER, TRUNCATE:
+//! rows move) restarts its snapshot from the start. Rows copied twice
+//! that way are written again by the route's key, as after a crash.
+//!
 //! Progress (the last copied key, or `complete`) rides each batch's
 //! [`CommitMark`](urutau_planner::progress::CommitMark), so it is committed
 //! with the rows it covers; a restart resumes after the last committed
@@ -51,12 +61,32 @@ pub const WATERMARK_PREFIX: &str = "urutau.watermark";
 /// Chunks read ahead of the stream per reader.
 pub const READ_AHEAD_PER_READER: usize = 2;
 
-/// A primary-key column: its place in the table's schema and its SQL type.
+/// A column the snapshot orders a table's rows by (of its primary key or
+/// of a unique index; or `ctid`): its place in the table's schema (past
+/// its columns for `ctid`, which the chunk reads after them) and its SQL
+/// type.
 #[derive(Clone)]
 pub struct KeyColumn {
     name: String,
     type_name: String,
     schema_index: usize,
+}
+
+impl KeyColumn {
+    /// The system column `ctid`, read after the `columns` columns of the
+    /// schema (no user column may be named so).
+    fn ctid(columns: usize) -> KeyColumn {
+        KeyColumn {
+            name: "ctid".into(),
+            type_name: "tid".into(),
+            schema_index: columns,
+        }
+    }
+
+    /// True for `ctid`.
+    pub fn is_ctid(&self) -> bool {
+        self.name == "ctid" && self.type_name == "tid"
+    }
 }
 
 /// One table to copy.
@@ -66,6 +96,12 @@ pub struct TableSnapshot {
     pub pg: PgTable,
     pub plan_table: Vec<String>,
     key: Vec<KeyColumn>,
+    /// The schema indexes that tell a row apart in a window: the key's,
+    /// or every column's for a table read by ctid.
+    watch: Vec<usize>,
+    /// For a table read by ctid: the relation file (`pg_relation_filenode`)
+    /// its ctids are places in.
+    layout: Option<i64>,
     columns: Vec<String>,
     /// Columns of `columns` the table no longer has (see
     /// [`SnapshotTarget::dropped`]).
@@ -81,9 +117,9 @@ pub struct TableSnapshot {
 }
 
 impl TableSnapshot {
-    /// The schema indexes of the primary key's columns.
-    pub fn key_indexes(&self) -> Vec<usize> {
-        self.key.iter().map(|k| k.schema_index).collect()
+    /// The schema indexes whose values tell a row apart in a window.
+    pub fn watch_indexes(&self) -> Vec<usize> {
+        self.watch.clone()
     }
 
     /// Rows copied per second in this run, from its first chunk on
@@ -220,6 +256,7 @@ impl Snapshotter {
                 snapshot: i,
                 pg: t.pg.clone(),
                 key: t.key.clone(),
+                layout: t.layout,
                 columns: t.columns.clone(),
                 dropped: t.dropped.clone(),
                 after: reader::start_after(&t.progress),
@@ -250,68 +287,106 @@ impl Snapshotter {
     }
 }
 
-/// Each target's key columns, committed progress and estimated size.
+/// Each target's chunk key, committed progress and estimated size.
 async fn describe(
     conn: &mut sqlx::PgConnection,
     targets: Vec<SnapshotTarget<'_>>,
 ) -> Result<Vec<TableSnapshot>, SourceError> {
     let mut tables = Vec::new();
     for t in targets {
-        let progress = t.resume.unwrap_or(SnapshotProgress::NotStarted);
-        let key_rows = sqlx::query(
-            "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type_name
-             FROM pg_index i
-             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-             WHERE i.indrelid = $1::regclass AND i.indisprimary
-             ORDER BY array_position(i.indkey::int2[], a.attnum)",
-        )
-        .bind(t.pg.quoted())
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| errors::sql(&format!("reading the primary key of {}", t.pg), &e))?;
-        if key_rows.is_empty() {
-            return Err(SourceError::new(format!(
-                "{} has no primary key: the initial snapshot reads a table in key order; add a primary key, or set snapshot = 'none'",
-                t.pg
-            )));
-        }
-        let mut key = Vec::new();
-        for r in &key_rows {
-            let name: String = r.get("name");
-            let schema_index = t.columns.iter().position(|c| *c == name).ok_or_else(|| {
-                SourceError::new(format!(
-                    "{}: key column {name} is not in the planned schema; restart the pipeline",
-                    t.pg
-                ))
-            })?;
-            key.push(KeyColumn {
-                name,
-                type_name: r.get("type_name"),
-                schema_index,
-            });
-        }
-        if let SnapshotProgress::InProgress { after: Some(a) } = &progress
-            && a.len() != key.len()
-        {
-            return Err(SourceError::new(format!(
-                "{}: the committed snapshot progress has {} key values but the primary key has {} columns; the table's key changed since — drop the target tables to start over",
-                t.pg,
-                a.len(),
-                key.len()
-            )));
-        }
-        let estimated: i64 = sqlx::query_scalar(
-            "SELECT GREATEST(reltuples, 0)::int8 FROM pg_class WHERE oid = $1::regclass",
+        let what = |doing: &str| format!("{doing} {}", t.pg);
+        let facts = sqlx::query(
+            "SELECT GREATEST(reltuples, 0)::int8 AS estimated, relreplident::text AS replident,
+                    pg_relation_filenode(oid)::int8 AS filenode
+             FROM pg_class WHERE oid = $1::regclass",
         )
         .bind(t.pg.quoted())
         .fetch_one(&mut *conn)
         .await
-        .map_err(|e| errors::sql(&format!("estimating the size of {}", t.pg), &e))?;
+        .map_err(|e| errors::sql(&what("looking up the size of"), &e))?;
+        let candidates = sqlx::query(UNIQUE_KEYS_SQL)
+            .bind(t.pg.quoted())
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| errors::sql(&what("reading the unique keys of"), &e))?;
+        let keys: Vec<UniqueKey> = candidates
+            .iter()
+            .map(|r| UniqueKey {
+                index: r.get("index_name"),
+                primary: r.get("is_primary"),
+                replica_identity: r.get("is_replident"),
+                columns: r.get::<Vec<String>, _>("names"),
+                types: r.get::<Vec<String>, _>("types"),
+            })
+            .collect();
+        let replident: String = facts.get("replident");
+        let chosen = choose_key(t.pg, &keys, &replident, facts.get("filenode"))?;
+        let mut progress = t.resume.unwrap_or(SnapshotProgress::NotStarted);
+        let (key, layout) = match chosen {
+            Chosen::Key(k) => {
+                let mut key = Vec::new();
+                for (name, type_name) in k.columns.iter().zip(&k.types) {
+                    let schema_index =
+                        t.columns.iter().position(|c| c == name).ok_or_else(|| {
+                            SourceError::new(format!(
+                                "{}: key column {name} is not in the planned schema; restart the pipeline",
+                                t.pg
+                            ))
+                        })?;
+                    key.push(KeyColumn {
+                        name: name.clone(),
+                        type_name: type_name.clone(),
+                        schema_index,
+                    });
+                }
+                if !k.primary {
+                    tracing::info!(table = %t.pg, index = %k.index, "no primary key: the snapshot reads the table in the order of a unique index on NOT NULL columns");
+                }
+                (key, None)
+            }
+            Chosen::Ctid { filenode } => {
+                tracing::info!(table = %t.pg, "no primary key nor unique index on NOT NULL columns: the snapshot reads the table in ctid ranges");
+                (vec![KeyColumn::ctid(t.columns.len())], Some(filenode))
+            }
+        };
+        match (&progress, layout) {
+            (SnapshotProgress::InProgress { after: Some(a) }, Some(filenode))
+                if a.len() != 2 || a[1] != layout_tag(filenode) =>
+            {
+                tracing::warn!(table = %t.pg, "the table was rewritten (VACUUM FULL, CLUSTER or TRUNCATE) since its snapshot was interrupted: its rows moved, so the snapshot copies it again from the start");
+                progress = SnapshotProgress::NotStarted;
+            }
+            (SnapshotProgress::InProgress { after: Some(a) }, None)
+                if a.len() == 2 && a[1].starts_with("filenode=") =>
+            {
+                tracing::warn!(table = %t.pg, "the table gained a key since its snapshot (read by ctid) was interrupted: the snapshot copies it again from the start, by the key");
+                progress = SnapshotProgress::NotStarted;
+            }
+            (SnapshotProgress::InProgress { after: Some(a) }, None) if a.len() != key.len() => {
+                return Err(SourceError::new(format!(
+                    "{}: the committed snapshot progress has {} key values but the key the snapshot reads by has {} columns; the table's key changed since — drop the target tables to start over",
+                    t.pg,
+                    a.len(),
+                    key.len()
+                )));
+            }
+            _ => {}
+        }
+        let watch = match layout {
+            // No key: a row is told apart by all its values.
+            Some(_) => (0..t.columns.len())
+                .filter(|i| !t.dropped.contains(&t.columns[*i]))
+                .collect(),
+            None => key.iter().map(|k| k.schema_index).collect(),
+        };
+        let estimated: i64 = facts.get("estimated");
         tables.push(TableSnapshot {
             table: t.table,
             pg: t.pg.clone(),
             plan_table: t.plan_table.to_vec(),
             key,
+            watch,
+            layout,
             columns: t.columns,
             dropped: t.dropped,
             progress,
@@ -322,6 +397,79 @@ async fn describe(
         });
     }
     Ok(tables)
+}
+
+/// A table's unique indexes the snapshot may read it by: valid,
+/// immediate, on plain NOT NULL columns (INCLUDE columns apart), whole
+/// (not partial); the primary key first, then the replica identity's
+/// index, then the narrowest.
+const UNIQUE_KEYS_SQL: &str = "
+SELECT i.indexrelid::regclass::text AS index_name, i.indisprimary AS is_primary,
+       i.indisreplident AS is_replident,
+       array_agg(a.attname::text ORDER BY k.ord) AS names,
+       array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY k.ord) AS types
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid AND i.indimmediate
+  AND i.indpred IS NULL AND i.indexprs IS NULL AND k.ord <= i.indnkeyatts
+GROUP BY i.indexrelid, i.indisprimary, i.indisreplident
+HAVING bool_and(a.attnotnull)
+ORDER BY i.indisprimary DESC, i.indisreplident DESC, count(*), 1";
+
+/// A unique index the snapshot may read a table by.
+struct UniqueKey {
+    index: String,
+    primary: bool,
+    /// The index is the table's replica identity.
+    replica_identity: bool,
+    columns: Vec<String>,
+    types: Vec<String>,
+}
+
+/// What a table is read by.
+enum Chosen<'a> {
+    Key(&'a UniqueKey),
+    /// ctid ranges of the relation file `filenode`.
+    Ctid {
+        filenode: i64,
+    },
+}
+
+/// Picks what the snapshot reads a table by: its primary key; else a
+/// unique index on NOT NULL columns whose values every change's old row
+/// carries (REPLICA IDENTITY FULL, or the index is the replica
+/// identity); else, with REPLICA IDENTITY FULL, ctid ranges (a window
+/// then tells a changed row by all its values, which only a full old row
+/// carries).
+fn choose_key<'a>(
+    table: &PgTable,
+    keys: &'a [UniqueKey],
+    replident: &str,
+    filenode: Option<i64>,
+) -> Result<Chosen<'a>, SourceError> {
+    let full = replident == "f";
+    if let Some(k) = keys
+        .iter()
+        .find(|k| k.primary || full || k.replica_identity)
+    {
+        return Ok(Chosen::Key(k));
+    }
+    match filenode {
+        Some(filenode) if full => Ok(Chosen::Ctid { filenode }),
+        None => Err(SourceError::new(format!(
+            "{table} has no primary key nor a unique index on NOT NULL columns, and is partitioned: the initial snapshot cannot read it in chunks; add a primary key, or set snapshot = 'none'"
+        ))),
+        Some(_) => Err(SourceError::new(format!(
+            "{table} has no primary key nor a unique index on NOT NULL columns, and its REPLICA IDENTITY is not FULL: the initial snapshot reads such a table in ctid ranges and tells the rows that changed meanwhile by their full old values; set replica_identity = 'full' (the default), add a primary key, or set snapshot = 'none'"
+        ))),
+    }
+}
+
+/// The second value of a ctid-read table's progress: the relation file
+/// its ctids are places in (a rewrite makes a new one).
+pub fn layout_tag(filenode: i64) -> String {
+    format!("filenode={filenode}")
 }
 
 /// The pause `URUTAU_TEST_SNAPSHOT_WINDOW_MS` asks for, in builds with the
@@ -399,7 +547,8 @@ pub struct Window {
     pub id: u64,
     /// The stream's index of the chunk's table.
     pub table: usize,
-    /// The schema indexes of the table's key columns.
+    /// The schema indexes whose values tell a row apart (the key's, or
+    /// every column's for a table read by ctid).
     pub key: Vec<usize>,
     pub touched: HashSet<Vec<u8>>,
 }
@@ -493,6 +642,64 @@ mod tests {
         assert_eq!(place(order.next_ready(0)), Some((0, 1, 0)));
         assert_eq!(place(order.next_ready(0)), None);
         assert_eq!(order.len(), 0);
+    }
+
+    fn unique(index: &str, primary: bool, replica_identity: bool) -> UniqueKey {
+        UniqueKey {
+            index: index.into(),
+            primary,
+            replica_identity,
+            columns: vec!["id".into()],
+            types: vec!["bigint".into()],
+        }
+    }
+
+    fn chosen(
+        keys: &[UniqueKey],
+        replident: &str,
+        filenode: Option<i64>,
+    ) -> Result<String, String> {
+        let table = PgTable {
+            schema: "public".into(),
+            name: "t".into(),
+        };
+        match choose_key(&table, keys, replident, filenode) {
+            Ok(Chosen::Key(k)) => Ok(k.index.clone()),
+            Ok(Chosen::Ctid { filenode }) => Ok(format!("ctid of {filenode}")),
+            Err(e) => Err(e.message),
+        }
+    }
+
+    #[test]
+    fn a_table_is_read_by_its_primary_key_else_a_unique_index_else_ctid() {
+        let pk = unique("t_pkey", true, false);
+        let other = unique("t_code_key", false, false);
+        let ident = unique("t_ident_key", false, true);
+        // The query lists the primary key first.
+        assert_eq!(
+            chosen(&[pk, unique("x", false, false)], "d", Some(1)).unwrap(),
+            "t_pkey"
+        );
+        // A unique index: its values must be in every change's old row.
+        assert_eq!(
+            chosen(std::slice::from_ref(&other), "f", Some(1)).unwrap(),
+            "t_code_key"
+        );
+        assert_eq!(
+            chosen(&[unique("t_code_key", false, false), ident], "i", Some(1)).unwrap(),
+            "t_ident_key"
+        );
+        let e = chosen(std::slice::from_ref(&other), "d", Some(1)).unwrap_err();
+        assert!(e.contains("REPLICA IDENTITY is not FULL"), "{e}");
+        // No key: ctid ranges, with REPLICA IDENTITY FULL only.
+        assert_eq!(chosen(&[], "f", Some(16_384)).unwrap(), "ctid of 16384");
+        let e = chosen(&[], "n", Some(16_384)).unwrap_err();
+        assert!(
+            e.contains("public.t has no primary key") && e.contains("snapshot = 'none'"),
+            "{e}"
+        );
+        let e = chosen(&[], "f", None).unwrap_err();
+        assert!(e.contains("partitioned"), "{e}");
     }
 
     #[test]

@@ -1235,7 +1235,7 @@ async fn stream(
                             a.windows.push(Window {
                                 id,
                                 table: t.table,
-                                key: t.key_indexes(),
+                                key: t.watch_indexes(),
                                 touched: Default::default(),
                             });
                         } else if let Some(id) = snapshot::reader::parse_high(&snap.run, &content) {

@@ -19,6 +19,12 @@
 //! column's own ordering (its collation for text), the one the chunks'
 //! `ORDER BY` uses.
 //!
+//! A table read by `ctid` (no primary key nor unique index on NOT NULL
+//! columns) is split on its pages instead, no sample needed: the bounds
+//! are `(page,0)` every `pages / ranges` pages of the relation's current
+//! size (a tid no row has: a range holds whole pages), and the server
+//! reads each chunk by a TID range scan.
+//!
 //! The ranges are not recorded: the stream emits a table's chunks in key
 //! order whatever order their windows close in (see the stream's
 //! `Emission`), so the committed progress is always one key below which
@@ -144,6 +150,9 @@ pub async fn split(
         return Ok(Split::Whole);
     };
     let what = format!("splitting the keys of {table} for the snapshot");
+    if first.is_ctid() {
+        return split_pages(conn, table, after, chunk_rows, &what).await;
+    }
     let filter = match after {
         Some(values) => format!(" WHERE {}", after_filter(key, values)),
         None => String::new(),
@@ -187,6 +196,56 @@ pub async fn split(
         }
         Err(e) => Err(errors::sql(&what, &e)),
     }
+}
+
+/// Splits the pages of a table read by ctid after the tid `after`.
+async fn split_pages(
+    conn: &mut PgConnection,
+    table: &PgTable,
+    after: Option<&[String]>,
+    chunk_rows: usize,
+    what: &str,
+) -> Result<Split, SourceError> {
+    let pages: i64 = sqlx::query_scalar(
+        "SELECT pg_relation_size($1::regclass) / current_setting('block_size')::int8",
+    )
+    .bind(table.quoted())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| errors::sql(what, &e))?;
+    let rows = estimate(conn, &table.quoted(), what).await?;
+    let first_page = after
+        .and_then(|a| a.first())
+        .and_then(|tid| tid_page(tid))
+        .unwrap_or(0);
+    Ok(Split::at(page_bounds(
+        first_page,
+        pages.max(0) as u64,
+        rows,
+        chunk_rows,
+    )))
+}
+
+/// The page of a tid's text (`(12,3)`: 12).
+fn tid_page(tid: &str) -> Option<u64> {
+    tid.strip_prefix('(')?.split_once(',')?.0.parse().ok()
+}
+
+/// Bounds `(page,0)` that cut pages `first..pages` of a table of about
+/// `rows` rows into ranges of about `chunk_rows * RANGE_FILL` rows.
+fn page_bounds(first: u64, pages: u64, rows: f64, chunk_rows: usize) -> Vec<String> {
+    let left = pages.saturating_sub(first);
+    if left == 0 {
+        return Vec::new();
+    }
+    let rows_left = rows * left as f64 / pages as f64;
+    let ranges = (ranges_for(rows_left, chunk_rows) as u64).min(left);
+    let step = left.div_ceil(ranges.max(1));
+    (1..ranges)
+        .map(|i| first + i * step)
+        .take_while(|p| *p < pages)
+        .map(|p| format!("({p},0)"))
+        .collect()
 }
 
 /// `(k1, k2, ...) > (v1::t1, v2::t2, ...)`: the rows after a key.
@@ -254,6 +313,28 @@ mod tests {
         assert_eq!(Split::at(Vec::new()), Split::Whole);
         assert_eq!(Split::Whole.count(), 1);
         assert_eq!(Split::Whole.bounds(0), (None, None));
+    }
+
+    #[test]
+    fn pages_are_cut_into_ranges_of_whole_pages() {
+        // 1,000 pages of 10 rows, chunks of 1,000: 13 ranges of 77 pages
+        // (800 rows or less).
+        let bounds = page_bounds(0, 1_000, 10_000.0, 1_000);
+        assert_eq!(bounds.len(), 12);
+        assert_eq!(bounds[0], "(77,0)");
+        assert_eq!(bounds[11], "(924,0)");
+        // Resumed at page 500: the rest, in ranges about as large.
+        let rest = page_bounds(500, 1_000, 10_000.0, 1_000);
+        assert_eq!(rest.first().map(String::as_str), Some("(572,0)"));
+        assert_eq!(rest.len(), 6);
+        // A small table, an empty one, one read to its end: one range.
+        assert!(page_bounds(0, 3, 30.0, 1_000).is_empty());
+        assert!(page_bounds(0, 0, 0.0, 1_000).is_empty());
+        assert!(page_bounds(7, 7, 70.0, 1).is_empty());
+        // More ranges than pages: a page each at most.
+        assert_eq!(page_bounds(0, 3, 3_000.0, 10).len(), 2);
+        assert_eq!(tid_page("(12,3)"), Some(12));
+        assert_eq!(tid_page("12"), None);
     }
 
     #[test]

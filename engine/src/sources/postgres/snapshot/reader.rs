@@ -42,6 +42,9 @@ pub struct ReadPlan {
     pub snapshot: usize,
     pub pg: PgTable,
     pub key: Vec<KeyColumn>,
+    /// For a table read by ctid: the relation file its ctids are places in
+    /// (each chunk checks it is still the one).
+    pub layout: Option<i64>,
     pub columns: Vec<String>,
     /// Columns of `columns` the table no longer has: selected as NULL.
     pub dropped: Vec<String>,
@@ -299,16 +302,21 @@ async fn copy_range(
             // Tests widen the window so live changes land inside it.
             tokio::time::sleep(pause).await;
         }
-        emit(conn, &high, true).await?;
+        emit_high(conn, &high, &plan).await?;
         let range_done = rows.len() < settings.chunk_rows;
         let last_key = last_key(&plan, &rows)?;
         // The key below which the table is copied once this chunk is in:
         // the range's upper bound when the range is done and the key is
-        // that one column, else the chunk's last key.
+        // that one column, else the chunk's last key (for a table read by
+        // ctid, with the relation file its ctids are places in).
         let resume_after = match (range_done, upper) {
             (true, Some(u)) if plan.key.len() == 1 => Some(vec![u.to_string()]),
             _ => last_key.clone(),
-        };
+        }
+        .map(|mut key| {
+            key.extend(plan.layout.map(super::layout_tag));
+            key
+        });
         if last_key.is_some() {
             after = last_key;
         }
@@ -351,6 +359,39 @@ async fn open_session(uri: &str) -> Result<PgConnection, SourceError> {
         .await
         .map_err(|e| errors::sql("setting up the snapshot session", &e))?;
     Ok(conn)
+}
+
+/// Writes a chunk's high watermark, flushed; for a table read by ctid,
+/// checks in the same statement that the table was not rewritten since
+/// its snapshot began (its rows would have moved: a range read after a
+/// rewrite could miss rows that moved below it). A rewrite is a
+/// transient error: the run restarts, and the snapshot of the table
+/// starts over from the committed progress, which names the old file.
+async fn emit_high(
+    conn: &mut PgConnection,
+    content: &str,
+    plan: &ReadPlan,
+) -> Result<(), SourceError> {
+    let Some(layout) = plan.layout else {
+        return emit(conn, content, true).await;
+    };
+    let now: Option<i64> = sqlx::query_scalar(
+        "SELECT pg_relation_filenode($3::regclass)::int8
+         FROM (SELECT pg_logical_emit_message(false, $1, $2), txid_current()) w",
+    )
+    .bind(WATERMARK_PREFIX)
+    .bind(content)
+    .bind(plan.pg.quoted())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| errors::sql("writing a snapshot watermark", &e))?;
+    if now != Some(layout) {
+        return Err(SourceError::transient(format!(
+            "{} was rewritten (VACUUM FULL, CLUSTER or TRUNCATE) while the snapshot read it by ctid: its rows moved, so the run restarts and copies the table again from the start",
+            plan.pg
+        )));
+    }
+    Ok(())
 }
 
 /// Writes a watermark. `flush`: in a statement that takes a transaction
@@ -408,7 +449,7 @@ async fn copy_chunk(
 ) -> Result<ChunkRows, SourceError> {
     let sql = format!("COPY ({}) TO STDOUT", chunk_sql(plan, bounds, limit));
     let what = || format!("reading a snapshot chunk of {}", plan.pg);
-    let mut rows = ChunkRows::new(plan.columns.len());
+    let mut rows = ChunkRows::with_hidden(plan.columns.len(), hidden_key(plan).count());
     let mut lines = conn
         .copy_out_raw(&sql)
         .await
@@ -434,6 +475,7 @@ fn chunk_sql(plan: &ReadPlan, bounds: &Bounds<'_>, limit: usize) -> String {
             true => "NULL".to_string(),
             false => quote_ident(c),
         })
+        .chain(hidden_key(plan).map(|k| quote_ident(&k.name)))
         .collect();
     let order: Vec<String> = plan.key.iter().map(|k| quote_ident(&k.name)).collect();
     let first = &order[0];
@@ -458,6 +500,13 @@ fn chunk_sql(plan: &ReadPlan, bounds: &Bounds<'_>, limit: usize) -> String {
         plan.pg.quoted(),
         order.join(", "),
     )
+}
+
+/// The key columns not among the schema's (`ctid`): read after them.
+fn hidden_key(plan: &ReadPlan) -> impl Iterator<Item = &KeyColumn> {
+    plan.key
+        .iter()
+        .filter(|k| k.schema_index >= plan.columns.len())
 }
 
 /// The key values of a chunk's last row (the next chunk starts after it).

@@ -7,10 +7,12 @@
 //! a chunk of thousands of rows costs a few allocations, not one per cell.
 
 /// The rows of one chunk: `columns` cells per row, each a NULL or a slice
-/// of `data`.
+/// of `data`; the last `hidden` of them are read for the snapshot's own
+/// use (a `ctid`), not rows' values.
 #[derive(Debug, Default)]
 pub struct ChunkRows {
     columns: usize,
+    hidden: usize,
     data: Vec<u8>,
     /// Each cell's start and end in `data`; `NULL_CELL` for a NULL.
     cells: Vec<(usize, usize)>,
@@ -28,9 +30,17 @@ pub struct CopyRowError {
 
 impl ChunkRows {
     /// An empty chunk of rows of `columns` cells.
+    #[cfg(test)]
     pub fn new(columns: usize) -> ChunkRows {
+        ChunkRows::with_hidden(columns, 0)
+    }
+
+    /// An empty chunk of rows of `columns` values and `hidden` cells
+    /// after them.
+    pub fn with_hidden(columns: usize, hidden: usize) -> ChunkRows {
         ChunkRows {
-            columns,
+            columns: columns + hidden,
+            hidden,
             data: Vec::new(),
             cells: Vec::new(),
         }
@@ -47,9 +57,9 @@ impl ChunkRows {
         (start != usize::MAX).then(|| &self.data[start..end])
     }
 
-    /// The values of row `row`, in column order.
+    /// The values of row `row`, in column order (hidden cells apart).
     pub fn row(&self, row: usize) -> impl Iterator<Item = Option<&[u8]>> + '_ {
-        (0..self.columns).map(move |c| self.value(row, c))
+        (0..self.columns - self.hidden).map(move |c| self.value(row, c))
     }
 
     /// Appends one row of COPY's text format (one `CopyData` message: the
@@ -171,6 +181,17 @@ mod tests {
             values(&rows, 1),
             [Some("2".into()), Some(String::new()), Some("x y".into())]
         );
+    }
+
+    #[test]
+    fn hidden_cells_are_read_but_not_part_of_a_row() {
+        let mut rows = ChunkRows::with_hidden(2, 1);
+        rows.push_copy_line(b"1\t\\N\t(0,7)\n").unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(values(&rows, 0), [Some("1".into()), None]);
+        assert_eq!(rows.value(0, 2), Some(&b"(0,7)"[..]));
+        let e = rows.push_copy_line(b"1\t2\n").unwrap_err();
+        assert!(e.to_string().contains("2 values, 3 expected"), "{e}");
     }
 
     #[test]
