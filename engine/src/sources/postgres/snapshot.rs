@@ -297,7 +297,8 @@ async fn describe(
         let what = |doing: &str| format!("{doing} {}", t.pg);
         let facts = sqlx::query(
             "SELECT GREATEST(reltuples, 0)::int8 AS estimated, relreplident::text AS replident,
-                    pg_relation_filenode(oid)::int8 AS filenode
+                    pg_relation_filenode(oid)::int8 AS filenode,
+                    current_setting('server_version_num')::int4 AS version
              FROM pg_class WHERE oid = $1::regclass",
         )
         .bind(t.pg.quoted())
@@ -346,6 +347,9 @@ async fn describe(
             }
             Chosen::Ctid { filenode } => {
                 tracing::info!(table = %t.pg, "no primary key nor unique index on NOT NULL columns: the snapshot reads the table in ctid ranges");
+                if facts.get::<i32, _>("version") < 140_000 {
+                    tracing::warn!(table = %t.pg, "PostgreSQL before 14 has no TID range scan: every chunk of a table read by ctid scans the whole table; add a primary key, or raise snapshot_chunk_rows");
+                }
                 (vec![KeyColumn::ctid(t.columns.len())], Some(filenode))
             }
         };
@@ -373,10 +377,17 @@ async fn describe(
             _ => {}
         }
         let watch = match layout {
-            // No key: a row is told apart by all its values.
-            Some(_) => (0..t.columns.len())
-                .filter(|i| !t.dropped.contains(&t.columns[*i]))
-                .collect(),
+            // No key: a row is told apart by all the values the stream
+            // carries (not a dropped column's, nor a generated one's,
+            // which pgoutput leaves out).
+            Some(_) => {
+                let generated = generated_columns(conn, t.pg, facts.get("version")).await?;
+                (0..t.columns.len())
+                    .filter(|i| {
+                        !t.dropped.contains(&t.columns[*i]) && !generated.contains(&t.columns[*i])
+                    })
+                    .collect()
+            }
             None => key.iter().map(|k| k.schema_index).collect(),
         };
         let estimated: i64 = facts.get("estimated");
@@ -397,6 +408,25 @@ async fn describe(
         });
     }
     Ok(tables)
+}
+
+/// The generated columns of `table` (none before PostgreSQL 12).
+async fn generated_columns(
+    conn: &mut sqlx::PgConnection,
+    table: &PgTable,
+    version: i32,
+) -> Result<Vec<String>, SourceError> {
+    if version < 120_000 {
+        return Ok(Vec::new());
+    }
+    sqlx::query_scalar(
+        "SELECT attname::text FROM pg_attribute
+         WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated <> ''",
+    )
+    .bind(table.quoted())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| errors::sql(&format!("reading the generated columns of {table}"), &e))
 }
 
 /// A table's unique indexes the snapshot may read it by: valid,
