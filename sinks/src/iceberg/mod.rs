@@ -1330,8 +1330,13 @@ impl IcebergSink {
 /// rows whose key lies outside every known key range and that are not
 /// deletes (every row of an append table), in the table's Arrow form
 /// (their keys join the key ranges here); and the rest, as a batch in
-/// the route's form (empty when all are appends). `None` when no row is a
-/// plain append (an upsert table whose keys are not tracked has none).
+/// the route's form (empty when all are appends): the rows of keys the
+/// table or the group may hold. A delete of a key outside every range is
+/// in neither: nothing holds the key, so it deletes nothing (as
+/// [`IcebergSink::write_files`] drops it), and held it would be written
+/// after the group's appends and delete the key appended again after it.
+/// `None` when no row is a plain append (an upsert table whose keys are
+/// not tracked has none; the rest is then the whole batch).
 fn split_appends(
     w: &Writing,
     mode: WriteMode,
@@ -1352,26 +1357,30 @@ fn split_appends(
     let ([k], [_]) = (w.key_indices.as_slice(), w.key_ids.as_slice()) else {
         return Ok(none(batch));
     };
+    let err = io_error::<arrow::error::ArrowError>("selecting rows");
     let key = Arc::clone(rows.column(*k));
     let present = w.key_ranges().may_contain(&key);
-    let live = not(&batch.deletes).map_err(io_error("selecting rows"))?;
-    let append = and(&not(&present).map_err(io_error("selecting rows"))?, &live)
-        .map_err(io_error("selecting rows"))?;
-    if append.true_count() == 0 {
-        return Ok(none(batch));
-    }
-    let appended = filter_record_batch(&rows, &append).map_err(io_error("selecting rows"))?;
-    let keys = filter(&key, &append).map_err(io_error("selecting rows"))?;
-    w.key_ranges().add_keys(&keys);
-    let others = not(&append).map_err(io_error("selecting rows"))?;
-    let rest = SinkBatch {
-        rows: filter_record_batch(&batch.rows, &others).map_err(io_error("selecting rows"))?,
-        deletes: filter(&batch.deletes, &others)
-            .map_err(io_error("selecting rows"))?
-            .as_boolean()
-            .clone(),
+    let live = not(&batch.deletes).map_err(&err)?;
+    let append = and(&not(&present).map_err(&err)?, &live).map_err(&err)?;
+    let appended = match append.true_count() {
+        0 => None,
+        _ => {
+            let keys = filter(&key, &append).map_err(&err)?;
+            w.key_ranges().add_keys(&keys);
+            Some(filter_record_batch(&rows, &append).map_err(&err)?)
+        }
     };
-    Ok((Some(appended), rest))
+    let rest = match present.true_count() == present.len() {
+        true => batch.clone(),
+        false => SinkBatch {
+            rows: filter_record_batch(&batch.rows, &present).map_err(&err)?,
+            deletes: filter(&batch.deletes, &present)
+                .map_err(&err)?
+                .as_boolean()
+                .clone(),
+        },
+    };
+    Ok((appended, rest))
 }
 
 /// The batch's columns matched to the table's by name, in the table's

@@ -7,8 +7,10 @@
 //! written) go into one data writer kept open across batches, so a
 //! snapshot leaves files of the target size instead of one small file per
 //! commit. The rest of a batch (rows replacing or deleting a key the table
-//! may hold: the stream's changes to keys already copied) is held in
-//! memory, in order.
+//! or the group may hold: the stream's changes to keys already copied) is
+//! held in memory, in order. A delete of a key neither holds deletes
+//! nothing and is dropped: held, it would be written after the appends and
+//! delete the key if the stream inserted it again.
 //!
 //! The group closes when a file reaches the target size, after
 //! [`MAX_AGE`], once [`MAX_HELD_ROWS`] rows are held, or before a batch
@@ -18,7 +20,7 @@
 //! files with its position, as one commit to `main`. Why the order is
 //! right: staged parts get increasing sequence numbers, and an equality
 //! delete applies to rows of lower ones. A held row's key was present when
-//! it was held; every appended row's key was absent when appended and key
+//! it was held (in the table or appended to the group); every appended row's key was absent when appended and key
 //! ranges only grow, so an appended row's key is never one held before it,
 //! while a held change of a key appended before it applies, as it must;
 //! and of several held changes of one key only the last is written, as
