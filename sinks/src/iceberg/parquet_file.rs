@@ -11,8 +11,8 @@
 //! public API, as iceberg-rust's writer does.
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
@@ -286,6 +286,7 @@ fn data_file(
     let mut nulls: HashMap<i32, u64> = HashMap::new();
     let mut lower: HashMap<i32, Datum> = HashMap::new();
     let mut upper: HashMap<i32, Datum> = HashMap::new();
+    let mut unknown: HashSet<(i32, Stat)> = HashSet::new();
     for group in footer.row_groups() {
         for chunk in group.columns() {
             let info = chunk.column_descr().self_type().get_basic_info();
@@ -299,21 +300,47 @@ fn data_file(
             };
             *sizes.entry(id).or_default() += chunk.compressed_size() as u64;
             *values.entry(id).or_default() += chunk.num_values() as u64;
+            // A row group without a count or an exact bound leaves the
+            // file without one: the other groups' would be too narrow (a
+            // reader would skip the file for values it holds).
             let Some(stats) = chunk.statistics() else {
+                unknown.extend([(id, Stat::Nulls), (id, Stat::Lower), (id, Stat::Upper)]);
                 continue;
             };
-            if let Some(n) = stats.null_count_opt() {
-                *nulls.entry(id).or_default() += n;
+            match stats.null_count_opt() {
+                Some(n) => *nulls.entry(id).or_default() += n,
+                None => {
+                    unknown.insert((id, Stat::Nulls));
+                }
             }
-            if stats.min_is_exact()
-                && let Some(min) = bound(ty, stats, stats.min_bytes_opt())
-            {
-                keep(&mut lower, id, min, Ordering::Less);
+            // All NULL: no value to bound.
+            if stats.null_count_opt() == Some(chunk.num_values() as u64) {
+                continue;
             }
-            if stats.max_is_exact()
-                && let Some(max) = bound(ty, stats, stats.max_bytes_opt())
-            {
-                keep(&mut upper, id, max, Ordering::Greater);
+            match bound(ty, stats, stats.min_bytes_opt()) {
+                Some(min) if stats.min_is_exact() => keep(&mut lower, id, min, Ordering::Less),
+                _ => {
+                    unknown.insert((id, Stat::Lower));
+                }
+            }
+            match bound(ty, stats, stats.max_bytes_opt()) {
+                Some(max) if stats.max_is_exact() => keep(&mut upper, id, max, Ordering::Greater),
+                _ => {
+                    unknown.insert((id, Stat::Upper));
+                }
+            }
+        }
+    }
+    for (id, stat) in unknown {
+        match stat {
+            Stat::Nulls => {
+                nulls.remove(&id);
+            }
+            Stat::Lower => {
+                lower.remove(&id);
+            }
+            Stat::Upper => {
+                upper.remove(&id);
             }
         }
     }
@@ -338,6 +365,14 @@ fn data_file(
                 .collect(),
         ));
     b
+}
+
+/// A file-level statistic a row group may leave unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Stat {
+    Nulls,
+    Lower,
+    Upper,
 }
 
 /// Keeps in `bounds` for `id` whichever of the bound there and `value`
@@ -611,6 +646,59 @@ mod tests {
             .iter()
             .map(|c| (c.path().string(), c.logical_type_ref().cloned()))
             .collect()
+    }
+
+    /// A file of two row groups whose second group's text is longer than
+    /// Parquet's 64-byte statistics (truncated, not exact): the text
+    /// column gets no bounds at all (the first group's alone would be too
+    /// narrow, and readers would skip the file for the long value), while
+    /// the integer column's span both groups.
+    #[tokio::test]
+    async fn a_row_group_without_exact_bounds_leaves_the_file_without_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(
+            Schema::builder()
+                .with_fields(vec![
+                    NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
+                    NestedField::optional(2, "s", Type::Primitive(PrimitiveType::String)).into(),
+                ])
+                .build()
+                .unwrap(),
+        );
+        let arrow = Arc::new(schema_to_arrow_schema(&schema).unwrap());
+        let rows = |ids: Vec<i64>, s: Vec<String>| {
+            RecordBatch::try_new(
+                Arc::clone(&arrow),
+                vec![
+                    Arc::new(Int64Array::from(ids)) as ArrayRef,
+                    Arc::new(StringArray::from(s)) as ArrayRef,
+                ],
+            )
+            .unwrap()
+        };
+        let io = FileIO::new_with_fs();
+        let path = dir.path().join("f.parquet").to_str().unwrap().to_string();
+        let builder = ParquetFileWriterBuilder::try_new(WriterProperties::default(), schema)
+            .unwrap()
+            .with_row_group_bytes(1);
+        let mut w = builder.build(io.new_output(&path).unwrap()).await.unwrap();
+        w.write(&rows(vec![1, 2], vec!["b".into(), "c".into()]))
+            .await
+            .unwrap();
+        w.write(&rows(vec![10, 20], vec!["a".repeat(100), "z".repeat(100)]))
+            .await
+            .unwrap();
+        let file = w.close().await.unwrap().pop().unwrap().build().unwrap();
+        assert_eq!(
+            file.split_offsets().map(|o| o.len()),
+            Some(2),
+            "two row groups"
+        );
+        assert_eq!(file.lower_bounds().get(&1), Some(&Datum::long(1)));
+        assert_eq!(file.upper_bounds().get(&1), Some(&Datum::long(20)));
+        assert_eq!(file.lower_bounds().get(&2), None);
+        assert_eq!(file.upper_bounds().get(&2), None);
+        assert_eq!(file.null_value_counts().get(&2), Some(&0));
     }
 
     #[tokio::test]
