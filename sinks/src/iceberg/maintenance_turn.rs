@@ -63,6 +63,9 @@ impl IcebergSink {
             }
         }
         if let Ok(t) = self.reload(&state.ident).await {
+            // The reload may show another writer's commits: their keys
+            // join the ranges before a batch writes one as new.
+            self.take_in_other_writers_or_anywhere(state, &t).await;
             state.table = t;
         }
         false

@@ -698,6 +698,9 @@ impl IcebergSink {
                 tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt - 1)).await;
                 table = self.reload(&state.ident).await?;
                 if !position_only && commit::holds_commit(table.metadata(), &delta.commit_id) {
+                    // Landed; the reload may show another writer's commits
+                    // too, whose keys must join the ranges.
+                    self.take_in_other_writers_or_anywhere(state, &table).await;
                     state.table = table;
                     return Ok(());
                 }
@@ -1263,13 +1266,29 @@ impl IcebergSink {
             return Ok(None);
         };
         if !w.key_ranges().is_tracking() {
-            return Ok(None);
+            // Every key may be present: keys written as new before the
+            // ranges stopped tracking get their equality delete.
+            return Ok(Some(KeyRanges::anywhere()));
         }
         let live = compaction::live_files(table).await?;
         let theirs = KeyRanges::from_live_files(&live.files, *key_id);
         w.key_ranges().absorb(&theirs);
         w.others_seen.fetch_add(1, Ordering::SeqCst);
         Ok(Some(theirs))
+    }
+
+    /// [`Self::take_in_other_writers`] where nothing waits on its answer
+    /// (a reload after a maintenance pass, or after a commit found
+    /// landed): when the table's files cannot be listed, every key counts
+    /// as possibly present (the next batches write equality deletes for
+    /// all their keys) rather than a key another writer holds being
+    /// written as new.
+    async fn take_in_other_writers_or_anywhere(&self, state: &TableState, table: &Table) {
+        if let Err(e) = self.take_in_other_writers(state, table).await {
+            tracing::warn!(table = %state.ident, error = %e, "listing the table's files after a reload failed: every key counts as possibly present");
+            state.writing.key_ranges().absorb(&KeyRanges::anywhere());
+            state.writing.others_seen.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
     /// The key column of `files` (data files this sink wrote, every key
