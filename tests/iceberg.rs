@@ -1751,6 +1751,48 @@ async fn a_snapshot_group_keeps_a_key_inserted_after_a_delete_of_it_it_never_hel
     assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
 }
 
+/// A transaction staged in parts while another writer commits to the
+/// table: the closing commit fails as transient (the run would restart
+/// and write the transaction again) instead of building on the staged
+/// parts and dropping the other writer's commit from `main`; the other
+/// writer's rows stay, nothing of the transaction is visible.
+#[tokio::test]
+async fn a_staged_transaction_never_publishes_over_another_writers_commit() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_writers(&id_v_pipeline(dir.path(), "s")).await;
+    let (ra, rb) = (&a.routes[0], &b.routes[0]);
+    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
+    ra.sink
+        .commit(&ra.target, &batch(&[(1, "a", false)]), "10")
+        .await
+        .unwrap();
+    ra.sink
+        .stage(&ra.target, &batch(&[(2, "a", false)]))
+        .await
+        .unwrap();
+    rb.sink
+        .commit(&rb.target, &batch(&[(3, "b", false)]), "20")
+        .await
+        .unwrap();
+    let err = ra
+        .sink
+        .commit(&ra.target, &batch(&[(4, "a", false)]), "30")
+        .await
+        .expect_err("the transaction must not land over the other commit");
+    assert!(err.is_transient(), "{err}");
+    assert!(
+        err.to_string().contains("another writer committed"),
+        "{err}"
+    );
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "s", "t")
+        .await
+        .unwrap();
+    let expected = vec![json!({"id": 1, "v": "a"}), json!({"id": 3, "v": "b"})];
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(metadata_json(&loc)["properties"]["cdc.position"], "20");
+}
+
 /// A snapshot group whose keys another writer committed meanwhile: the
 /// group's commit meets the other writer's (a conflict), reads the group's
 /// keys back from its data file, and deletes the one the other writer

@@ -112,6 +112,10 @@ pub struct RowDelta {
     /// position. Otherwise the commit onto `main` (closing any staged
     /// parts).
     pub staged: bool,
+    /// The head of the staging branch as this writer left it (its staged
+    /// parts), `None` when it has staged nothing: a branch it did not
+    /// build (another urutau writer's) is neither built on nor removed.
+    pub own_staging: Option<i64>,
 }
 
 fn new_snapshot_id(md: &TableMetadata) -> i64 {
@@ -348,7 +352,23 @@ pub async fn build_row_delta(
     let md = table.metadata();
     let schema = md.current_schema().clone();
     let spec = md.default_partition_spec().clone();
-    let staging = md.snapshot_for_ref(STAGING_BRANCH);
+    let staging = match (md.snapshot_for_ref(STAGING_BRANCH), delta.own_staging) {
+        (Some(s), Some(mine)) if s.snapshot_id() == mine => Some(s),
+        (None, None) => None,
+        // Another writer's transaction: this commit goes onto `main`
+        // beside it.
+        (Some(_), None) if !delta.staged => None,
+        (Some(_), None) => {
+            return Err(SinkError::Io(format!(
+                "another writer has parts of a transaction staged on {STAGING_BRANCH} of this table (temporary): this transaction's parts wait until it ends"
+            )));
+        }
+        (_, Some(_)) => {
+            return Err(SinkError::Io(format!(
+                "the parts this writer staged on {STAGING_BRANCH} were moved or removed by another writer (temporary): the transaction is written again"
+            )));
+        }
+    };
     // Parts staged on the branch were built on `main` as it was; had
     // another writer committed to `main` since, building on the branch
     // would drop that commit from `main`. The transaction is read again

@@ -470,6 +470,10 @@ struct TableState {
     last_expiry: Option<Instant>,
     /// When orphan cleanup last ran on this table (never: due).
     last_orphan_cleanup: Option<Instant>,
+    /// The head of the staging branch this sink built (parts of an open
+    /// transaction), `None` while it has staged nothing
+    /// ([`commit::RowDelta::own_staging`]).
+    own_staging: Option<i64>,
 }
 
 /// The Iceberg sink.
@@ -701,6 +705,7 @@ impl IcebergSink {
                     // Landed; the reload may show another writer's commits
                     // too, whose keys must join the ranges.
                     self.take_in_other_writers_or_anywhere(state, &table).await;
+                    state.own_staging = own_staging_after(&table, delta);
                     state.table = table;
                     return Ok(());
                 }
@@ -737,6 +742,7 @@ impl IcebergSink {
             };
             match outcome {
                 Outcome::Committed(t) => {
+                    state.own_staging = own_staging_after(&t, delta);
                     state.table = t;
                     return Ok(());
                 }
@@ -855,6 +861,7 @@ impl Sink for IcebergSink {
             last_compaction: None,
             last_expiry: None,
             last_orphan_cleanup: None,
+            own_staging: None,
         }));
         self.tables
             .lock()
@@ -960,6 +967,18 @@ impl Sink for IcebergSink {
             }
         }
         Ok(Committed::Now)
+    }
+}
+
+/// The staging branch's head once `delta` landed in `table`: a staged
+/// part leaves it this writer's; a commit onto `main` closed it.
+fn own_staging_after(table: &Table, delta: &RowDelta) -> Option<i64> {
+    match delta.staged {
+        true => table
+            .metadata()
+            .snapshot_for_ref(commit::STAGING_BRANCH)
+            .map(|s| s.snapshot_id()),
+        false => None,
     }
 }
 
@@ -1120,9 +1139,10 @@ impl IcebergSink {
             position: position.unwrap_or_default().to_string(),
             commit_id: uuid::Uuid::now_v7().to_string(),
             staged: position.is_none(),
+            own_staging: s.own_staging,
         };
         let (fresh, others_since) = match files {
-            None if !commit::has_staging(s.table.metadata()) => {
+            None if s.own_staging.is_none() => {
                 // Progress without changes: no files, no snapshot.
                 if commit::committed_position(s.table.metadata()).as_deref() == position {
                     return Ok(());

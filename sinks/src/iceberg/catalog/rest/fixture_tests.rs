@@ -306,6 +306,7 @@ async fn the_reference_server_accepts_every_request_the_sink_sends() {
         position: position.to_string(),
         commit_id: uuid::Uuid::now_v7().to_string(),
         staged,
+        own_staging: None,
     };
     let result = commit::build_row_delta(&table, &delta("", true))
         .await
