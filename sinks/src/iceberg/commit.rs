@@ -374,7 +374,8 @@ pub async fn build_row_delta(
     // would drop that commit from `main`. The transaction is read again
     // (the run restarts, which discards the branch) on top of it.
     if let (Some(staged), Some(main)) = (staging, md.current_snapshot())
-        && !descends_from(md, staged.snapshot_id(), main.snapshot_id())
+        && !ancestry_from(md, Some(staged.snapshot_id()))
+            .any(|s| s.snapshot_id() == main.snapshot_id())
     {
         return Err(SinkError::Io(format!(
             "another writer committed to the table while parts of a transaction were staged on {STAGING_BRANCH} (temporary): the transaction is written again on top of it"
@@ -475,18 +476,6 @@ pub async fn build_row_delta(
         .and_then(|b| b.remove_properties(&mark_clear))
         .and_then(|b| b.build())
         .map_err(snapshot_error)
-}
-
-/// Whether snapshot `ancestor` is `head` or one of its ancestors.
-fn descends_from(md: &TableMetadata, head: i64, ancestor: i64) -> bool {
-    let mut at = Some(head);
-    while let Some(id) = at {
-        if id == ancestor {
-            return true;
-        }
-        at = md.snapshot_by_id(id).and_then(|s| s.parent_snapshot_id());
-    }
-    false
 }
 
 /// Whether `md` holds parts of a transaction staged by a run that did not
