@@ -1751,6 +1751,111 @@ async fn a_snapshot_group_keeps_a_key_inserted_after_a_delete_of_it_it_never_hel
     assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
 }
 
+/// A snapshot group's held changes to keys it appended itself remove the
+/// appended rows by position (one position-delete file naming the group's
+/// data file), and only keys committed before the group get an equality
+/// delete: DuckDB, Iceberg's Java reader and `urutau query` read the same
+/// rows. A compaction afterwards applies the position deletes and drops
+/// their file.
+#[tokio::test]
+async fn held_changes_to_keys_a_snapshot_group_appended_are_position_deletes() {
+    use urutau_planner::sink::Committed;
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let text = id_v_pipeline(dir.path(), "pd");
+    let p = dir.path().join("p.sql");
+    std::fs::write(&p, &text).unwrap();
+    let plan = common::plan_sql(&text).await.unwrap();
+    let r = &plan.routes[0];
+    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(r.target.arrow_schema(), rows);
+    r.sink.ensure_table(&r.target).await.unwrap();
+    r.sink
+        .commit(&r.target, &batch(&[(100, "x", false)]), "5")
+        .await
+        .unwrap();
+    let first: Vec<(i64, &str, bool)> = (1..=10).map(|i| (i, "a", false)).collect();
+    let deferred = [
+        batch(&first),
+        batch(&[(5, "b", false), (7, "", true), (100, "y", false)]),
+        batch(&[(5, "c", false), (8, "", true), (11, "a", false)]),
+    ];
+    for (b, position) in deferred.iter().zip(["10", "20", "25"]) {
+        let done = prepare_and_commit(&*r.sink, &r.target, b.clone(), true, position).await;
+        assert_eq!(done, Committed::Deferred);
+    }
+    let closing = batch(&[(12, "a", false)]);
+    let done = prepare_and_commit(&*r.sink, &r.target, closing, false, "30").await;
+    assert_eq!(done, Committed::Now);
+
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pd", "t")
+        .await
+        .unwrap();
+    let mut expected: Vec<Value> = (1..=12)
+        .filter(|i| *i != 7 && *i != 8)
+        .map(|i| json!({"id": i, "v": if i == 5 { "c" } else { "a" }}))
+        .collect();
+    expected.push(json!({"id": 100, "v": "y"}));
+    let records = |loc: &str, content: i64| -> Vec<i64> {
+        common::duckdb_live_files(&python, loc)
+            .iter()
+            .filter(|f| f["content"] == content)
+            .map(|f| f["records"].as_i64().unwrap())
+            .collect()
+    };
+    // Keys 5, 7 and 8 were appended by the group: by position; key 100
+    // was committed before it: by equality.
+    assert_eq!(records(&loc, 1), vec![3], "one position-delete file");
+    assert_eq!(records(&loc, 2), vec![1], "one equality delete");
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+    let ours = |p: &Path| -> Vec<Value> {
+        let out = common::urutau(&[
+            "query",
+            p.to_str().unwrap(),
+            "SELECT id, v FROM lake.t ORDER BY id",
+            "--format",
+            "json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    assert_eq!(ours(&p), expected, "urutau query");
+    drop(plan);
+
+    // Compaction applies them.
+    let text = text.replace(
+        "namespace = 'pd'",
+        "namespace = 'pd', maintenance_enabled = true, maintenance_compaction_interval = '0s', maintenance_compaction_min_input_files = 2",
+    );
+    std::fs::write(&p, &text).unwrap();
+    let plan = common::plan_sql(&text).await.unwrap();
+    let r = &plan.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    let batch = id_v_batch(r.target.arrow_schema(), &[(13, "a", false)]);
+    r.sink.commit(&r.target, &batch, "40").await.unwrap();
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pd", "t")
+        .await
+        .unwrap();
+    assert_eq!(
+        records(&loc, 1),
+        Vec::<i64>::new(),
+        "position deletes applied"
+    );
+    expected.insert(10, json!({"id": 13, "v": "a"}));
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+    assert_eq!(ours(&p), expected, "urutau query after compaction");
+}
+
 /// A transaction staged in parts while another writer commits to the
 /// table: the closing commit fails as transient (the run would restart
 /// and write the transaction again) instead of building on the staged

@@ -146,9 +146,11 @@ struct Facts {
 
 /// The pass over `live`, or `None` when it would do nothing.
 ///
-/// A delete file applies to a data file when its sequence number is higher
-/// and, on every key column (`key_ids`) whose bounds both files record
-/// exactly, their value ranges overlap (as Java's delete index decides).
+/// An equality-delete file applies to a data file when its sequence
+/// number is higher and, on every key column (`key_ids`) whose bounds both
+/// files record exactly, their value ranges overlap (as Java's delete
+/// index decides); a position-delete file, when its sequence number is
+/// not lower and it names the data file (or names none).
 /// The candidates of a partition group (one partition of one spec) are its
 /// data files below `target_size` and the delete files that apply to any of
 /// its data files. In a group that has `min_files` of them, every data file
@@ -186,6 +188,19 @@ pub fn plan<'a>(
         .collect();
     let applies = |delete: usize, data: usize| {
         let (d, f) = (&live[delete].entry, &live[data].entry);
+        if d.content_type() == DataContentType::PositionDeletes {
+            // Of a lower or equal sequence number, and the file it names
+            // (when it names one).
+            let not_earlier = match (d.sequence_number(), f.sequence_number()) {
+                (Some(d), Some(f)) => d >= f,
+                _ => true,
+            };
+            let names = d
+                .data_file()
+                .referenced_data_file()
+                .is_none_or(|p| p == f.file_path());
+            return not_earlier && names;
+        }
         let later = match (d.sequence_number(), f.sequence_number()) {
             (Some(d), Some(f)) => d > f,
             _ => true,
@@ -352,10 +367,15 @@ pub async fn build_compaction(
             .build();
         let tasks: FileScanTaskStream = Box::pin(futures::stream::iter([Ok(task)]));
         let mut rows = reader.clone().read(tasks).map_err(&err)?.stream();
+        // The file is read whole and in order: a batch's first row's
+        // position is the rows before it.
+        let mut first_row = 0i64;
         while let Some(batch) = rows.try_next().await.map_err(&err)? {
+            let read = batch.num_rows() as i64;
             let batch = conform_by_name(&batch, &arrow)
                 .map_err(|e| SinkError::Io(format!("compacting: {e}")))?;
-            let batch = deletes.apply(batch, data_seq)?;
+            let batch = deletes.apply(batch, e.file_path(), data_seq, first_row)?;
+            first_row += read;
             writer.write(batch).await?;
         }
     }

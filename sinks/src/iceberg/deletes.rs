@@ -1,12 +1,15 @@
-//! The keys a table's equality deletes remove, read once and applied by
-//! hashing each data row's key: what compaction rewrites with, and what a
-//! query reads with (a delete applies to the data files of a lower
-//! sequence number, as the spec says).
+//! The keys a table's equality deletes remove and the rows its position
+//! deletes remove, read once and applied by hashing each data row's key
+//! and looking up its position: what compaction rewrites with, and what a
+//! query reads with (an equality delete applies to the data files of a
+//! lower sequence number, a position delete to those of a lower or equal
+//! one, as the spec says).
 
 use std::collections::HashMap;
 
-use arrow::array::{ArrayRef, BooleanArray, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch};
 use arrow::compute::filter_record_batch;
+use arrow::datatypes::Int64Type;
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use arrow_row::{RowConverter, SortField};
 use iceberg::spec::DataContentType;
@@ -24,12 +27,14 @@ pub(super) struct DeletedKeys {
     key: Vec<usize>,
     converter: RowConverter,
     seq: HashMap<Vec<u8>, i64>,
+    /// Position deletes: data file path -> row position -> the highest
+    /// sequence number a delete of it carries.
+    positions: HashMap<String, HashMap<i64, i64>>,
 }
 
 impl DeletedKeys {
-    /// Reads every equality-delete file among `live` (each must delete by
-    /// the table's key; a position-delete file is an error). `doing` names
-    /// the caller in errors.
+    /// Reads every delete file among `live` (an equality delete must
+    /// delete by the table's key). `doing` names the caller in errors.
     pub(super) async fn load(
         table: &Table,
         arrow: &ArrowSchemaRef,
@@ -57,16 +62,22 @@ impl DeletedKeys {
             .collect();
         let converter = RowConverter::new(fields).map_err(|e| SinkError::Io(e.to_string()))?;
         let mut seq: HashMap<Vec<u8>, i64> = HashMap::new();
+        let mut positions: HashMap<String, HashMap<i64, i64>> = HashMap::new();
         for f in live {
             let e = &f.entry;
             match e.content_type() {
                 DataContentType::Data => continue,
                 DataContentType::EqualityDeletes => {}
                 DataContentType::PositionDeletes => {
-                    return Err(SinkError::Io(format!(
-                        "{doing}: {} holds position deletes, which this build does not apply",
-                        e.file_path()
-                    )));
+                    if e.file_format() != iceberg::spec::DataFileFormat::Parquet {
+                        return Err(SinkError::Io(format!(
+                            "{doing}: {} is a deletion vector, which this build does not apply",
+                            e.file_path()
+                        )));
+                    }
+                    let delete_seq = e.sequence_number().unwrap_or(i64::MAX);
+                    read_positions(table, e.file_path(), delete_seq, &mut positions, doing).await?;
+                    continue;
                 }
             }
             let mut ids = e.data_file().equality_ids().unwrap_or_default();
@@ -116,22 +127,26 @@ impl DeletedKeys {
             key,
             converter,
             seq,
+            positions,
         })
     }
 
-    /// `batch` (rows of a data file of sequence number `data_seq`, in the
-    /// table's schema) without the rows a later delete removes.
+    /// `batch` (rows of the data file `path`, of sequence number
+    /// `data_seq`, starting at row `first_row` of it, in the table's
+    /// schema) without the rows a later delete removes.
     pub(super) fn apply(
         &self,
         batch: RecordBatch,
+        path: &str,
         data_seq: i64,
+        first_row: i64,
     ) -> Result<RecordBatch, SinkError> {
-        self.apply_keyed(batch, &self.key, data_seq)
+        self.apply_keyed(batch, &self.key, path, data_seq, first_row)
     }
 
-    /// How many keys are deleted.
+    /// How many keys and rows are deleted.
     pub(super) fn len(&self) -> usize {
-        self.seq.len()
+        self.seq.len() + self.positions.values().map(HashMap::len).sum::<usize>()
     }
 
     /// The key columns' positions in the table's schema.
@@ -145,20 +160,86 @@ impl DeletedKeys {
         &self,
         batch: RecordBatch,
         key: &[usize],
+        path: &str,
         data_seq: i64,
+        first_row: i64,
     ) -> Result<RecordBatch, SinkError> {
-        if self.seq.is_empty() {
+        let deleted_rows = self.positions.get(path);
+        if self.seq.is_empty() && deleted_rows.is_none() {
             return Ok(batch);
         }
-        let columns: Vec<ArrayRef> = key.iter().map(|i| batch.column(*i).clone()).collect();
-        let rows = self
-            .converter
-            .convert_columns(&columns)
-            .map_err(|e| SinkError::Io(e.to_string()))?;
-        let keep: BooleanArray = rows
-            .iter()
-            .map(|r| Some(self.seq.get(r.as_ref()).is_none_or(|s| *s <= data_seq)))
+        let by_key: Option<Vec<bool>> = match self.seq.is_empty() {
+            true => None,
+            false => {
+                let columns: Vec<ArrayRef> = key.iter().map(|i| batch.column(*i).clone()).collect();
+                let rows = self
+                    .converter
+                    .convert_columns(&columns)
+                    .map_err(|e| SinkError::Io(e.to_string()))?;
+                Some(
+                    rows.iter()
+                        .map(|r| self.seq.get(r.as_ref()).is_none_or(|s| *s <= data_seq))
+                        .collect(),
+                )
+            }
+        };
+        let keep: BooleanArray = (0..batch.num_rows())
+            .map(|i| {
+                let key_kept = by_key.as_ref().is_none_or(|k| k[i]);
+                let position_kept = deleted_rows
+                    .is_none_or(|d| d.get(&(first_row + i as i64)).is_none_or(|s| *s < data_seq));
+                Some(key_kept && position_kept)
+            })
             .collect();
         filter_record_batch(&batch, &keep).map_err(|e| SinkError::Io(e.to_string()))
     }
+}
+
+/// Reads a position-delete file into `positions` (path -> row -> the
+/// highest sequence number deleting it).
+async fn read_positions(
+    table: &Table,
+    file: &str,
+    delete_seq: i64,
+    positions: &mut HashMap<String, HashMap<i64, i64>>,
+    doing: &str,
+) -> Result<(), SinkError> {
+    let err = |e: String| {
+        SinkError::Io(format!(
+            "{doing}: reading the position-delete file {file}: {e}"
+        ))
+    };
+    let bytes = table
+        .file_io()
+        .new_input(file)
+        .map_err(|e| err(e.to_string()))?
+        .read()
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let batches = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.build())
+        .map_err(|e| err(e.to_string()))?;
+    for batch in batches {
+        let batch = batch.map_err(|e| err(e.to_string()))?;
+        let paths = batch
+            .column_by_name("file_path")
+            .and_then(|c| c.as_string_opt::<i32>())
+            .ok_or_else(|| err("no text column file_path".to_string()))?;
+        let rows = batch
+            .column_by_name("pos")
+            .and_then(|c| c.as_primitive_opt::<Int64Type>())
+            .ok_or_else(|| err("no 64-bit column pos".to_string()))?;
+        for (path, pos) in paths.iter().zip(rows.iter()) {
+            let (Some(path), Some(pos)) = (path, pos) else {
+                return Err(err("a NULL file_path or pos".to_string()));
+            };
+            let s = positions
+                .entry(path.to_string())
+                .or_default()
+                .entry(pos)
+                .or_insert(delete_seq);
+            *s = (*s).max(delete_seq);
+        }
+    }
+    Ok(())
 }

@@ -227,6 +227,39 @@ impl DataWriter {
     }
 }
 
+/// Hands the values of the top-level column `name` of the data file
+/// `file` to `each`, a Parquet batch at a time, in file order (so a
+/// caller counting rows knows each value's position): the column of a
+/// file of any size in bounded memory.
+pub async fn each_column_batch(
+    table: &Table,
+    file: &DataFile,
+    name: &str,
+    mut each: impl FnMut(&ArrayRef) -> Result<(), SinkError>,
+) -> Result<(), SinkError> {
+    let err = io_error("reading back a column of a data file");
+    let parquet_err = |e: parquet::errors::ParquetError| {
+        SinkError::Io(format!("reading back a column of a data file: {e}"))
+    };
+    let input = table.file_io().new_input(file.file_path()).map_err(&err)?;
+    let reader = ArrowFileReader::new(
+        input.metadata().await.map_err(&err)?,
+        input.reader().await.map_err(&err)?,
+    );
+    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(parquet_err)?;
+    let mask = ProjectionMask::columns(builder.parquet_schema(), [name]);
+    let mut batches = builder.with_projection(mask).build().map_err(parquet_err)?;
+    while let Some(b) = batches.try_next().await.map_err(parquet_err)? {
+        let column = b
+            .column_by_name(name)
+            .ok_or_else(|| SinkError::Io(format!("{} has no column {name}", file.file_path())))?;
+        each(column)?;
+    }
+    Ok(())
+}
+
 /// The values of the top-level column `name` in the data files `files`,
 /// in file order, read column by column through the table's storage (a
 /// large file is never read whole): what a commit reads back when it must
@@ -342,6 +375,76 @@ pub async fn write_equality_deletes(
                 .map_err(|e| SinkError::Io(format!("writing equality-delete files: {e}")))
         })
         .collect()
+}
+
+/// Field ids of a position-delete file's columns (the spec's reserved
+/// `file_path` and `pos`).
+const POSITION_DELETE_FILE_PATH: i32 = 2147483546;
+const POSITION_DELETE_POS: i32 = 2147483545;
+
+/// Writes a position-delete file removing the rows at `positions`
+/// (ascending) of `data_file`, under the data file's partition and
+/// `spec_id`, naming it as the one file it references: readers (DuckDB,
+/// Java's) skip rows by position, where every equality-deleted key costs
+/// them a predicate over every row.
+pub async fn write_position_deletes(
+    table: &Table,
+    data_file: &DataFile,
+    positions: Vec<i64>,
+    spec_id: i32,
+) -> Result<DataFile, SinkError> {
+    use iceberg::spec::{NestedField, PrimitiveType, Type};
+    let err = io_error("writing a position-delete file");
+    let schema = Arc::new(
+        iceberg::spec::Schema::builder()
+            .with_fields(vec![
+                Arc::new(NestedField::required(
+                    POSITION_DELETE_FILE_PATH,
+                    "file_path",
+                    Type::Primitive(PrimitiveType::String),
+                )),
+                Arc::new(NestedField::required(
+                    POSITION_DELETE_POS,
+                    "pos",
+                    Type::Primitive(PrimitiveType::Long),
+                )),
+            ])
+            .build()
+            .map_err(&err)?,
+    );
+    let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema).map_err(&err)?);
+    let rows = positions.len();
+    let batch = RecordBatch::try_new(
+        arrow,
+        vec![
+            Arc::new(arrow::array::StringArray::from_iter_values(
+                std::iter::repeat_n(data_file.file_path(), rows),
+            )),
+            Arc::new(arrow::array::Int64Array::from(positions)),
+        ],
+    )
+    .map_err(io_error("building a position-delete file"))?;
+    let mut w = RollingFileWriterBuilder::new_with_default_file_size(
+        ParquetFileWriterBuilder::try_new(properties(["pos".to_string()]), schema).map_err(&err)?,
+        table.file_io().clone(),
+        DefaultLocationGenerator::new(table.metadata()).map_err(&err)?,
+        names("pos-deletes"),
+    )
+    .build();
+    w.write(&None, &batch).await.map_err(&err)?;
+    let mut files = w.close().await.map_err(&err)?;
+    let [mut b] = <[_; 1]>::try_from(std::mem::take(&mut files)).map_err(|f: Vec<_>| {
+        SinkError::Io(format!(
+            "writing a position-delete file: {} files written, one expected",
+            f.len()
+        ))
+    })?;
+    b.content(DataContentType::PositionDeletes)
+        .partition(data_file.partition().clone())
+        .partition_spec_id(spec_id)
+        .referenced_data_file(Some(data_file.file_path().to_string()));
+    b.build()
+        .map_err(|e| SinkError::Io(format!("writing a position-delete file: {e}")))
 }
 
 #[cfg(test)]

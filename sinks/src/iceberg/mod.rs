@@ -1076,9 +1076,12 @@ impl IcebergSink {
         Ok(Work::Group(self.close_group(target, &w, g).await?, None))
     }
 
-    /// Closes a snapshot group: its file, and its held rows written as one
-    /// part (their keys are all in the key ranges, so every one gets its
-    /// equality delete).
+    /// Closes a snapshot group: its files, and its held rows written as
+    /// one part. A held row whose key the group appended removes that row
+    /// by a position delete (the key was in no committed file when it was
+    /// appended, so nothing else needs deleting) and, live, is written as
+    /// a plain row; the other held rows' keys were committed before, and
+    /// each gets its equality delete.
     async fn close_group(
         &self,
         target: &TargetTable,
@@ -1091,13 +1094,82 @@ impl IcebergSink {
             _ => String::new(),
         };
         let closed = group.close(&key).await?;
-        let held = match &closed.held {
-            Some(rows) => self.write_files(target, rows).await?,
-            None => None,
+        let Some(rows) = &closed.held else {
+            return Ok(GroupFiles {
+                appended: closed.appended,
+                held: None,
+            });
         };
+        let held_rows = conform_by_name(&rows.rows, &w.arrow).map_err(SinkError::Rejected)?;
+        let [k] = w.key_indices.as_slice() else {
+            return Err(SinkError::Io(
+                "internal: a snapshot group held rows of a table without one key column"
+                    .to_string(),
+            ));
+        };
+        // Position deletes share the delete manifest, whose spec is the
+        // unpartitioned one: only an unpartitioned table's data files can
+        // have theirs there.
+        let positional = w
+            .table
+            .metadata()
+            .default_partition_spec()
+            .is_unpartitioned();
+        let found = match positional {
+            true => {
+                snapshot_group::find_appended(
+                    &w.table,
+                    &closed.appended.data_files,
+                    held_rows.column(*k),
+                    w.arrow.field(*k),
+                )
+                .await?
+            }
+            false => snapshot_group::Appended::none(held_rows.num_rows()),
+        };
+        let err = io_error::<arrow::error::ArrowError>("selecting the held rows");
+        let others = not(&found.held).map_err(&err)?;
+        let committed_before = SinkBatch {
+            rows: filter_record_batch(&rows.rows, &others).map_err(&err)?,
+            deletes: filter(&rows.deletes, &others)
+                .map_err(&err)?
+                .as_boolean()
+                .clone(),
+        };
+        let mut part = self.write_files(target, &committed_before).await?;
+        if found.held.true_count() > 0 {
+            // Until the files are listed as pending, orphan cleanup waits
+            // (not held across `write_files`, which takes it itself).
+            let _writing = w.files_gate.read().await;
+            let spec_id = w.table.metadata().default_partition_spec_id();
+            let mut delete_files = Vec::new();
+            for (file, positions) in found.positions {
+                let data_file = &closed.appended.data_files[file];
+                delete_files.push(
+                    files::write_position_deletes(&w.table, data_file, positions, spec_id).await?,
+                );
+            }
+            let live = and(&found.held, &not(&rows.deletes).map_err(&err)?).map_err(&err)?;
+            let data = filter_record_batch(&held_rows, &live).map_err(&err)?;
+            let data_files = match data.num_rows() {
+                0 => vec![],
+                _ => files::write_data(&w.table, data, true, w.target_file_size).await?,
+            };
+            w.pending().extend(
+                Writing::local_paths(&data_files).chain(Writing::local_paths(&delete_files)),
+            );
+            let p = part.get_or_insert_with(|| PreparedFiles {
+                data_files: vec![],
+                delete_files: vec![],
+                fresh: Fresh::None,
+                others_seen: w.others_seen.load(Ordering::SeqCst),
+            });
+            p.data_files.extend(data_files);
+            p.delete_files.extend(delete_files);
+        }
         Ok(GroupFiles {
             appended: closed.appended,
-            held,
+            held: part,
         })
     }
 

@@ -1,6 +1,6 @@
 //! Reading a table for `urutau query` and `Pipeline::sql`: the current
 //! snapshot's data files with its equality deletes applied by hashing
-//! each row's key.
+//! each row's key, and its position deletes by each row's position.
 //!
 //! Why not only iceberg-datafusion's scan: iceberg-rust 0.10 turns every
 //! equality-delete row into a predicate (`NOT (id = 1) AND NOT (id = 2)
@@ -12,10 +12,11 @@
 //! has a higher sequence number than its file, which is the spec's rule.
 //!
 //! What the sink writes is what this reads: equality deletes on the
-//! table's key, unpartitioned (global). A table with anything else (a
-//! position-delete file, a partitioned delete, deletes on other fields,
-//! written by another engine) is read by iceberg-datafusion's scan, which
-//! applies every kind.
+//! table's key, unpartitioned (global), and Parquet position deletes (a
+//! snapshot group's). A table with anything else (a deletion vector, a
+//! partitioned equality delete, deletes on other fields, written by
+//! another engine) is read by iceberg-datafusion's scan, which applies
+//! every kind.
 
 use std::any::Any;
 use std::fmt;
@@ -106,7 +107,7 @@ pub async fn provider(table: Table) -> Result<Arc<dyn TableProvider>, SinkError>
 }
 
 /// Whether every delete file is one the sink writes: equality deletes on
-/// the table's key, unpartitioned.
+/// the table's key, unpartitioned, and Parquet position deletes.
 fn hashable_deletes(table: &Table, files: &[LiveFile]) -> bool {
     let schema = table.metadata().current_schema();
     let mut key: Vec<i32> = schema.identifier_field_ids().collect();
@@ -115,7 +116,8 @@ fn hashable_deletes(table: &Table, files: &[LiveFile]) -> bool {
         let e = &f.entry;
         match e.content_type() {
             DataContentType::Data => true,
-            DataContentType::PositionDeletes => false,
+            // Parquet ones (a deletion vector is a Puffin blob).
+            DataContentType::PositionDeletes => e.file_format() == DataFileFormat::Parquet,
             DataContentType::EqualityDeletes => {
                 let mut ids = e.data_file().equality_ids().unwrap_or_default();
                 ids.sort_unstable();
@@ -342,12 +344,17 @@ impl ExecutionPlan for IcebergReadExec {
                         .stream();
                     let path = f.path;
                     let sequence = f.sequence;
+                    // The file is read whole and in order: a batch's first
+                    // row's position is the rows before it.
+                    let mut first_row = 0i64;
                     Ok::<_, DataFusionError>(rows.map(move |batch| {
                         let batch = batch.map_err(|e| external(format!("reading {path}: {e}")))?;
+                        let at = first_row;
+                        first_row += batch.num_rows() as i64;
                         let batch = conform_by_name(&batch, &read_schema)
                             .map_err(|e| external(format!("reading {path}: {e}")))?;
                         let batch = deletes
-                            .apply_keyed(batch, &key, sequence)
+                            .apply_keyed(batch, &key, &path, sequence, at)
                             .map_err(|e| external(e.to_string()))?;
                         Ok(batch.project(&output)?)
                     }))

@@ -27,20 +27,31 @@
 //! applying them in order would leave. Crash safety is the staging branch's: a
 //! group not committed leaves nothing visible and no position, and the
 //! source sends its batches again.
+//!
+//! Position deletes: a held change of a key the group appended removes
+//! that row by its position in the group's file ([`find_appended`] reads
+//! the key column back), not by an equality delete: the key was in no
+//! committed file when appended, so the appended row is the only one to
+//! remove, and readers apply a position per row where an equality delete
+//! costs DuckDB and iceberg-rust a predicate on every row. The held part's
+//! sequence number is above the group's file's, and a position delete
+//! applies to data files of a lower or equal one.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array};
 use arrow::compute::{concat, concat_batches, take, take_record_batch};
+use arrow::datatypes::Field;
 use arrow::row::{RowConverter, SortField};
+use iceberg::spec::DataFile;
 use iceberg::table::Table;
 use urutau_planner::sink::{SinkBatch, SinkError};
 
-use super::files::DataWriter;
-use super::{Fresh, PreparedFiles, durable, io_error};
+use super::files::{DataWriter, each_column_batch};
+use super::{Fresh, PreparedFiles, durable, io_error, schema};
 
 /// The longest a group stays open: the rows it holds are neither visible
 /// nor acknowledged to the source until it closes.
@@ -209,4 +220,75 @@ fn last_change_of_each_key(
             .as_boolean()
             .clone(),
     }))
+}
+
+/// Where a closed group's data files hold keys of its held rows.
+pub(super) struct Appended {
+    /// Which held rows' keys the group appended.
+    pub(super) held: BooleanArray,
+    /// For each data file (by index) holding such keys, their rows'
+    /// positions, ascending.
+    pub(super) positions: Vec<(usize, Vec<i64>)>,
+}
+
+impl Appended {
+    /// No held row's key found (`rows` held rows).
+    pub(super) fn none(rows: usize) -> Self {
+        Appended {
+            held: BooleanArray::from(vec![false; rows]),
+            positions: Vec::new(),
+        }
+    }
+}
+
+/// Finds the held rows' keys (`held_keys`, the table's Arrow form of
+/// `field`) in the group's data files `files`, reading back their key
+/// column: each key is in them once at most (it was appended only while
+/// no range held it, and then joined the ranges).
+pub(super) async fn find_appended(
+    table: &Table,
+    files: &[DataFile],
+    held_keys: &ArrayRef,
+    field: &Field,
+) -> Result<Appended, SinkError> {
+    let err = io_error("finding the held keys in the group's files");
+    let converter =
+        RowConverter::new(vec![SortField::new(field.data_type().clone())]).map_err(&err)?;
+    let held = converter
+        .convert_columns(std::slice::from_ref(held_keys))
+        .map_err(&err)?;
+    let wanted: HashMap<Vec<u8>, usize> = held
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.as_ref().to_vec(), i))
+        .collect();
+    let mut found = vec![false; held_keys.len()];
+    let mut positions = Vec::new();
+    for (n, file) in files.iter().enumerate() {
+        let mut at = Vec::new();
+        let mut first_row = 0i64;
+        each_column_batch(table, file, field.name(), |keys| {
+            let keys = schema::conform(keys, field.data_type())
+                .map_err(|e| SinkError::Io(format!("reading back {}: {e}", field.name())))?;
+            let rows = converter
+                .convert_columns(std::slice::from_ref(&keys))
+                .map_err(&err)?;
+            for (i, row) in rows.iter().enumerate() {
+                if let Some(h) = wanted.get(row.as_ref()) {
+                    found[*h] = true;
+                    at.push(first_row + i as i64);
+                }
+            }
+            first_row += keys.len() as i64;
+            Ok(())
+        })
+        .await?;
+        if !at.is_empty() {
+            positions.push((n, at));
+        }
+    }
+    Ok(Appended {
+        held: BooleanArray::from(found),
+        positions,
+    })
 }
