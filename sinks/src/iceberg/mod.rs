@@ -1060,11 +1060,12 @@ impl IcebergSink {
             }
         }
         if !may_defer {
-            let g = group.take().expect("open group");
+            let mut g = group.take().expect("open group");
             tracing::debug!(table = %target.display_name(), "a batch that may not be deferred closes the snapshot group");
-            let closed = self.close_group(target, &w, g).await?;
-            let own = self.write_files(target, &rest).await?;
-            return Ok(Work::Group(closed, own));
+            // Its other rows are the group's last changes: held with the
+            // rest, a key the group appended is removed by position.
+            g.hold(rest);
+            return Ok(Work::Group(self.close_group(target, &w, g).await?, None));
         }
         let g = group.as_mut().expect("open group");
         g.hold(rest);
