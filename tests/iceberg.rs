@@ -1932,6 +1932,46 @@ async fn a_snapshot_group_replaces_a_key_another_writer_committed_meanwhile() {
     assert_eq!(metadata_json(&loc)["properties"]["cdc.position"], "20");
 }
 
+/// A change the closing batch makes to a key the group appended (removed
+/// from the group's file by position) while another writer committed that
+/// key meanwhile: the table ends with one row of the key, the change.
+#[tokio::test]
+async fn a_snapshot_groups_changed_key_another_writer_committed_meanwhile_is_held_once() {
+    use urutau_planner::sink::Committed;
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_writers(&id_v_pipeline(dir.path(), "w")).await;
+    let (ra, rb) = (&a.routes[0], &b.routes[0]);
+    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
+    let first: Vec<(i64, &str, bool)> = (1..=5).map(|i| (i, "a", false)).collect();
+    let done = prepare_and_commit(&*ra.sink, &ra.target, batch(&first), true, "10").await;
+    assert_eq!(done, Committed::Deferred);
+    rb.sink
+        .commit(&rb.target, &batch(&[(3, "b", false)]), "5")
+        .await
+        .unwrap();
+    let closing = batch(&[(3, "c", false), (4, "", true), (9, "a", false)]);
+    let done = prepare_and_commit(&*ra.sink, &ra.target, closing, false, "20").await;
+    assert_eq!(done, Committed::Now);
+    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "w", "t")
+        .await
+        .unwrap();
+    let expected: Vec<Value> = [(1, "a"), (2, "a"), (3, "c"), (5, "a"), (9, "a")]
+        .iter()
+        .map(|(i, v)| json!({"id": i, "v": v}))
+        .collect();
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+    let positional = common::duckdb_live_files(&python, &loc)
+        .iter()
+        .filter(|f| f["content"] == 1)
+        .count();
+    assert_eq!(
+        positional, 1,
+        "keys 3 and 4 are removed from the group's file by position"
+    );
+}
+
 /// A table the source does not touch advances its position without data:
 /// a properties-only commit, no snapshot, no empty files.
 #[tokio::test]

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray};
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::compute::{and, filter, filter_record_batch, not, or};
+use arrow::compute::{and, concat, filter, filter_record_batch, not, or};
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::TableProvider;
@@ -1152,6 +1152,9 @@ impl IcebergSink {
             }
             let live = and(&found.held, &not(&rows.deletes).map_err(&err)?).map_err(&err)?;
             let data = filter_record_batch(&held_rows, &live).map_err(&err)?;
+            // Written without an equality delete, as the group's appended
+            // rows were: a commit that finds another writer's checks them.
+            let new_keys = Arc::clone(data.column(*k));
             let data_files = match data.num_rows() {
                 0 => vec![],
                 _ => files::write_data(&w.table, data, true, w.target_file_size).await?,
@@ -1163,8 +1166,19 @@ impl IcebergSink {
                 data_files: vec![],
                 delete_files: vec![],
                 fresh: Fresh::None,
-                others_seen: w.others_seen.load(Ordering::SeqCst),
+                others_seen: closed.appended.others_seen,
             });
+            // Their keys were found new when the group appended them.
+            p.others_seen = p.others_seen.min(closed.appended.others_seen);
+            if !new_keys.is_empty() {
+                p.fresh = match std::mem::replace(&mut p.fresh, Fresh::None) {
+                    Fresh::None => Fresh::Keys(new_keys),
+                    Fresh::Keys(keys) => {
+                        Fresh::Keys(concat(&[keys.as_ref(), new_keys.as_ref()]).map_err(&err)?)
+                    }
+                    Fresh::InDataFiles => Fresh::InDataFiles,
+                };
+            }
             p.data_files.extend(data_files);
             p.delete_files.extend(delete_files);
         }
