@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::datatypes::Field;
 use futures::TryStreamExt;
 use iceberg::arrow::{ArrowFileReader, RecordBatchPartitionSplitter};
 use iceberg::spec::{DataContentType, DataFile, DataFileFormat, PartitionKey, Struct};
@@ -14,7 +15,7 @@ use iceberg::writer::file_writer::location_generator::{
 };
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{CurrentFileStatus, IcebergWriter, IcebergWriterBuilder};
-use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use parquet::arrow::{PARQUET_FIELD_ID_META_KEY, ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
@@ -227,14 +228,15 @@ impl DataWriter {
     }
 }
 
-/// Hands the values of the top-level column `name` of the data file
-/// `file` to `each`, a Parquet batch at a time, in file order (so a
-/// caller counting rows knows each value's position): the column of a
-/// file of any size in bounded memory.
+/// Hands the values of the table's top-level column `field` (found in
+/// the data file `file` by its field id, else by its exact name) to
+/// `each`, a Parquet batch at a time, in file order (so a caller counting
+/// rows knows each value's position): the column of a file of any size in
+/// bounded memory.
 pub async fn each_column_batch(
     table: &Table,
     file: &DataFile,
-    name: &str,
+    field: &Field,
     mut each: impl FnMut(&ArrayRef) -> Result<(), SinkError>,
 ) -> Result<(), SinkError> {
     let err = io_error("reading back a column of a data file");
@@ -249,58 +251,59 @@ pub async fn each_column_batch(
     let builder = ParquetRecordBatchStreamBuilder::new(reader)
         .await
         .map_err(parquet_err)?;
-    let mask = ProjectionMask::columns(builder.parquet_schema(), [name]);
+    let root = root_of(builder.schema(), field).ok_or_else(|| {
+        SinkError::Io(format!(
+            "{} has no column {}",
+            file.file_path(),
+            field.name()
+        ))
+    })?;
+    // By root index: a name with a dot in it is not a path.
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [root]);
     let mut batches = builder.with_projection(mask).build().map_err(parquet_err)?;
     while let Some(b) = batches.try_next().await.map_err(parquet_err)? {
-        let column = b
-            .column_by_name(name)
-            .ok_or_else(|| SinkError::Io(format!("{} has no column {name}", file.file_path())))?;
-        each(column)?;
+        each(b.column(0))?;
     }
     Ok(())
 }
 
-/// The values of the top-level column `name` in the data files `files`,
-/// in file order, read column by column through the table's storage (a
-/// large file is never read whole): what a commit reads back when it must
-/// check the keys it wrote against another writer's.
+/// The index of the file's top-level column that holds the table's
+/// `field`: the one of its field id, else (a file without ids) the one of
+/// its exact name.
+fn root_of(file: &arrow::datatypes::Schema, field: &Field) -> Option<usize> {
+    let id = |f: &Field| f.metadata().get(PARQUET_FIELD_ID_META_KEY).cloned();
+    match id(field) {
+        Some(want) if file.fields().iter().any(|f| id(f).is_some()) => file
+            .fields()
+            .iter()
+            .position(|f| id(f).as_ref() == Some(&want)),
+        _ => file.fields().iter().position(|f| f.name() == field.name()),
+    }
+}
+
+/// The values of the table's top-level column `field` in the data files
+/// `files`, in file order, read column by column through the table's
+/// storage (a large file is never read whole): what a commit reads back
+/// when it must check the keys it wrote against another writer's.
 pub async fn read_column(
     table: &Table,
     files: &[DataFile],
-    name: &str,
+    field: &Field,
 ) -> Result<ArrayRef, SinkError> {
-    let err = io_error("reading back a column of data files");
-    let parquet_err = |e: parquet::errors::ParquetError| {
-        SinkError::Io(format!("reading back a column of data files: {e}"))
-    };
     let mut parts: Vec<ArrayRef> = Vec::new();
     for f in files {
-        let input = table.file_io().new_input(f.file_path()).map_err(&err)?;
-        let reader = ArrowFileReader::new(
-            input.metadata().await.map_err(&err)?,
-            input.reader().await.map_err(&err)?,
-        );
-        let builder = ParquetRecordBatchStreamBuilder::new(reader)
-            .await
-            .map_err(parquet_err)?;
-        let mask = ProjectionMask::columns(builder.parquet_schema(), [name]);
-        let batches: Vec<RecordBatch> = builder
-            .with_projection(mask)
-            .build()
-            .map_err(parquet_err)?
-            .try_collect()
-            .await
-            .map_err(parquet_err)?;
-        for b in batches {
-            let column = b
-                .column_by_name(name)
-                .ok_or_else(|| SinkError::Io(format!("{} has no column {name}", f.file_path())))?;
+        each_column_batch(table, f, field, |column| {
             parts.push(Arc::clone(column));
-        }
+            Ok(())
+        })
+        .await?;
     }
     let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
     match parts.as_slice() {
-        [] => Err(SinkError::Io(format!("no data file to read {name} from"))),
+        [] => Err(SinkError::Io(format!(
+            "no data file to read {} from",
+            field.name()
+        ))),
         parts => arrow::compute::concat(parts).map_err(io_error("joining the column's parts")),
     }
 }
@@ -469,5 +472,27 @@ mod tests {
             props.compression(&column("id")),
             Compression::ZSTD(ZstdLevel::default())
         );
+    }
+
+    #[test]
+    fn a_column_read_back_is_found_by_field_id_else_by_its_whole_name() {
+        use arrow::datatypes::{DataType, Schema};
+        let field = |name: &str, id: Option<i32>| {
+            let f = Field::new(name, DataType::Int64, false);
+            match id {
+                Some(id) => f.with_metadata(
+                    [(PARQUET_FIELD_ID_META_KEY.to_string(), id.to_string())].into(),
+                ),
+                None => f,
+            }
+        };
+        // Renamed since the file was written: its id finds it.
+        let file = Schema::new(vec![field("v", Some(2)), field("old_id", Some(1))]);
+        assert_eq!(root_of(&file, &field("order.id", Some(1))), Some(1));
+        assert_eq!(root_of(&file, &field("v", Some(3))), None);
+        // A file without ids: the exact name, dots and all (not a path).
+        let file = Schema::new(vec![field("order", None), field("order.id", None)]);
+        assert_eq!(root_of(&file, &field("order.id", Some(1))), Some(1));
+        assert_eq!(root_of(&file, &field("id", Some(1))), None);
     }
 }

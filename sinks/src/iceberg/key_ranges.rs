@@ -183,7 +183,7 @@ fn integer(d: &Datum) -> Option<i64> {
 
 /// The values of an Int32 or Int64 column, read in place (`None` for
 /// another type).
-fn integers(keys: &ArrayRef) -> Option<Box<dyn Iterator<Item = Option<i64>> + '_>> {
+pub(super) fn integers(keys: &ArrayRef) -> Option<Box<dyn Iterator<Item = Option<i64>> + '_>> {
     match keys.data_type() {
         DataType::Int64 => Some(Box::new(keys.as_primitive::<Int64Type>().iter())),
         DataType::Int32 => Some(Box::new(

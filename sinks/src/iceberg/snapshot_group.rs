@@ -13,20 +13,21 @@
 //! delete the key if the stream inserted it again.
 //!
 //! The group closes when a file reaches the target size, after
-//! [`MAX_AGE`], once [`MAX_HELD_ROWS`] rows are held, or before a batch
-//! that may not be deferred; the batch that closes it commits it: the
-//! appended rows are staged first, then the held rows, collapsed to the
-//! last change of each key and written as one part, then the batch's own
-//! files with its position, as one commit to `main`. Why the order is
-//! right: staged parts get increasing sequence numbers, and an equality
-//! delete applies to rows of lower ones. A held row's key was present when
-//! it was held (in the table or appended to the group); every appended row's key was absent when appended and key
-//! ranges only grow, so an appended row's key is never one held before it,
-//! while a held change of a key appended before it applies, as it must;
-//! and of several held changes of one key only the last is written, as
-//! applying them in order would leave. Crash safety is the staging branch's: a
-//! group not committed leaves nothing visible and no position, and the
-//! source sends its batches again.
+//! [`MAX_AGE`], once [`MAX_HELD_ROWS`] rows are held, or at a batch that
+//! may not be deferred; the batch that closes it commits it (its rows
+//! join the group first): the appended rows are staged, then the held
+//! rows, collapsed to the last change of each key and written as one
+//! part, are committed with the batch's position, which publishes both on
+//! `main`. Why the order is right: the appended part's sequence number is
+//! below the held part's, and an equality delete applies to rows of lower
+//! ones. A held row's key was present when it was held (in the table or
+//! appended to the group); every appended row's key was absent when
+//! appended and key ranges only grow, so an appended row's key is never
+//! one held before it, while a held change of a key appended before it
+//! applies, as it must; and of several held changes of one key only the
+//! last is written, as applying them in order would leave. Crash safety
+//! is the staging branch's: a group not committed leaves nothing visible
+//! and no position, and the source sends its batches again.
 //!
 //! Position deletes: a held change of a key the group appended removes
 //! that row by its position in the group's file ([`find_appended`] reads
@@ -51,7 +52,8 @@ use iceberg::table::Table;
 use urutau_planner::sink::{SinkBatch, SinkError};
 
 use super::files::{DataWriter, each_column_batch};
-use super::{Fresh, PreparedFiles, durable, io_error, schema};
+use super::key_ranges::integers;
+use super::{Fresh, PreparedFiles, durable, io_error};
 
 /// The longest a group stays open: the rows it holds are neither visible
 /// nor acknowledged to the source until it closes.
@@ -242,39 +244,35 @@ impl Appended {
 }
 
 /// Finds the held rows' keys (`held_keys`, the table's Arrow form of
-/// `field`) in the group's data files `files`, reading back their key
-/// column: each key is in them once at most (it was appended only while
-/// no range held it, and then joined the ranges).
+/// `field`, an integer key: a group opens for no other) in the group's
+/// data files `files`, reading back their key column: each key is in them
+/// once at most (it was appended only while no range held it, and then
+/// joined the ranges).
 pub(super) async fn find_appended(
     table: &Table,
     files: &[DataFile],
     held_keys: &ArrayRef,
     field: &Field,
 ) -> Result<Appended, SinkError> {
-    let err = io_error("finding the held keys in the group's files");
-    let converter =
-        RowConverter::new(vec![SortField::new(field.data_type().clone())]).map_err(&err)?;
-    let held = converter
-        .convert_columns(std::slice::from_ref(held_keys))
-        .map_err(&err)?;
-    let wanted: HashMap<Vec<u8>, usize> = held
-        .iter()
+    let not_integer = || {
+        SinkError::Io(format!(
+            "internal: a snapshot group's key {} is not an integer",
+            field.name()
+        ))
+    };
+    let wanted: HashMap<i64, usize> = integers(held_keys)
+        .ok_or_else(not_integer)?
         .enumerate()
-        .map(|(i, r)| (r.as_ref().to_vec(), i))
+        .filter_map(|(i, k)| Some((k?, i)))
         .collect();
     let mut found = vec![false; held_keys.len()];
     let mut positions = Vec::new();
     for (n, file) in files.iter().enumerate() {
         let mut at = Vec::new();
         let mut first_row = 0i64;
-        each_column_batch(table, file, field.name(), |keys| {
-            let keys = schema::conform(keys, field.data_type())
-                .map_err(|e| SinkError::Io(format!("reading back {}: {e}", field.name())))?;
-            let rows = converter
-                .convert_columns(std::slice::from_ref(&keys))
-                .map_err(&err)?;
-            for (i, row) in rows.iter().enumerate() {
-                if let Some(h) = wanted.get(row.as_ref()) {
+        each_column_batch(table, file, field, |keys| {
+            for (i, key) in integers(keys).ok_or_else(not_integer)?.enumerate() {
+                if let Some(h) = key.and_then(|k| wanted.get(&k)) {
                     found[*h] = true;
                     at.push(first_row + i as i64);
                 }
