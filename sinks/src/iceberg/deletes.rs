@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 
 use arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch};
-use arrow::compute::filter_record_batch;
-use arrow::datatypes::Int64Type;
+use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
+use arrow::datatypes::{DataType, Int64Type};
 use arrow_row::{RowConverter, SortField};
 use iceberg::spec::DataContentType;
 use iceberg::table::Table;
@@ -72,6 +72,14 @@ impl DeletedKeys {
                     if e.file_format() != iceberg::spec::DataFileFormat::Parquet {
                         return Err(SinkError::Io(format!(
                             "{doing}: {} is a deletion vector, which this build does not apply",
+                            e.file_path()
+                        )));
+                    }
+                    // Ours name their one data file; another engine's may
+                    // cover many, and every position would be held here.
+                    if e.data_file().referenced_data_file().is_none() {
+                        return Err(SinkError::Io(format!(
+                            "{doing}: {} holds position deletes of several data files, which this build does not apply",
                             e.file_path()
                         )));
                     }
@@ -221,10 +229,13 @@ async fn read_positions(
         .map_err(|e| err(e.to_string()))?;
     for batch in batches {
         let batch = batch.map_err(|e| err(e.to_string()))?;
+        // Another writer's Arrow schema may make the path a large string
+        // or a string view.
         let paths = batch
             .column_by_name("file_path")
-            .and_then(|c| c.as_string_opt::<i32>())
+            .and_then(|c| cast(c, &DataType::Utf8).ok())
             .ok_or_else(|| err("no text column file_path".to_string()))?;
+        let paths = paths.as_string::<i32>();
         let rows = batch
             .column_by_name("pos")
             .and_then(|c| c.as_primitive_opt::<Int64Type>())

@@ -37,7 +37,9 @@ use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::TableProvider;
 use iceberg::arrow::schema_to_arrow_schema;
-use iceberg::spec::{DataFile, PartitionSpecRef, TableMetadataBuildResult, UnboundPartitionSpec};
+use iceberg::spec::{
+    DataFile, FormatVersion, PartitionSpecRef, TableMetadataBuildResult, UnboundPartitionSpec,
+};
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent};
 use tokio::sync::{Mutex, OnceCell};
@@ -440,9 +442,9 @@ enum Work {
     Files(Option<PreparedFiles>),
     /// The batch joined the open snapshot group: nothing to commit yet.
     Deferred,
-    /// A snapshot group closed: staged first, then the batch's own files
-    /// (`None`: it has none, or its rows are in the group).
-    Group(GroupFiles, Option<PreparedFiles>),
+    /// A snapshot group closed (the batch's rows are in it): its appended
+    /// rows staged first, then its held rows with the batch's position.
+    Group(GroupFiles),
 }
 
 /// A closed snapshot group's files: the appended rows', and its held rows'
@@ -945,9 +947,9 @@ impl Sink for IcebergSink {
             Work::Deferred => Err(SinkError::Io(
                 "internal: a staged part of a transaction was deferred".to_string(),
             )),
-            Work::Group(group, files) => {
-                self.stage_group(target, group).await?;
-                self.stage_files(target, files).await
+            Work::Group(group) => {
+                self.stage_files(target, Some(group.appended)).await?;
+                self.stage_files(target, group.held).await
             }
         }
     }
@@ -961,9 +963,12 @@ impl Sink for IcebergSink {
         match prepared_work(prepared)? {
             Work::Files(files) => self.commit_files(target, files, Some(position)).await?,
             Work::Deferred => return Ok(Committed::Deferred),
-            Work::Group(group, files) => {
-                self.stage_group(target, group).await?;
-                self.commit_files(target, files, Some(position)).await?
+            Work::Group(group) => {
+                // The held rows' part commits the transaction: no empty
+                // snapshot after it.
+                self.stage_files(target, Some(group.appended)).await?;
+                self.commit_files(target, group.held, Some(position))
+                    .await?
             }
         }
         Ok(Committed::Now)
@@ -1065,7 +1070,7 @@ impl IcebergSink {
             // Its other rows are the group's last changes: held with the
             // rest, a key the group appended is removed by position.
             g.hold(rest);
-            return Ok(Work::Group(self.close_group(target, &w, g).await?, None));
+            return Ok(Work::Group(self.close_group(target, &w, g).await?));
         }
         let g = group.as_mut().expect("open group");
         g.hold(rest);
@@ -1074,7 +1079,7 @@ impl IcebergSink {
         };
         let g = group.take().expect("open group");
         tracing::debug!(table = %target.display_name(), reason, "the snapshot group is due");
-        Ok(Work::Group(self.close_group(target, &w, g).await?, None))
+        Ok(Work::Group(self.close_group(target, &w, g).await?))
     }
 
     /// Closes a snapshot group: its files, and its held rows written as
@@ -1109,13 +1114,14 @@ impl IcebergSink {
             ));
         };
         // Position deletes share the delete manifest, whose spec is the
-        // unpartitioned one: only an unpartitioned table's data files can
-        // have theirs there.
-        let positional = w
-            .table
-            .metadata()
-            .default_partition_spec()
-            .is_unpartitioned();
+        // unpartitioned one: only files of that spec (the group writes the
+        // default one) can have theirs there. Format v3 forbids adding position-delete files (it has
+        // deletion vectors instead).
+        let delete_spec = w.delete_spec.spec_id();
+        let metadata = w.table.metadata();
+        let positional = metadata.format_version() < FormatVersion::V3
+            && metadata.default_partition_spec().is_unpartitioned()
+            && metadata.default_partition_spec_id() == delete_spec;
         let found = match positional {
             true => {
                 snapshot_group::find_appended(
@@ -1142,12 +1148,12 @@ impl IcebergSink {
             // Until the files are listed as pending, orphan cleanup waits
             // (not held across `write_files`, which takes it itself).
             let _writing = w.files_gate.read().await;
-            let spec_id = w.table.metadata().default_partition_spec_id();
             let mut delete_files = Vec::new();
             for (file, positions) in found.positions {
                 let data_file = &closed.appended.data_files[file];
                 delete_files.push(
-                    files::write_position_deletes(&w.table, data_file, positions, spec_id).await?,
+                    files::write_position_deletes(&w.table, data_file, positions, delete_spec)
+                        .await?,
                 );
             }
             let live = and(&found.held, &not(&rows.deletes).map_err(&err)?).map_err(&err)?;
@@ -1186,13 +1192,6 @@ impl IcebergSink {
             appended: closed.appended,
             held: part,
         })
-    }
-
-    /// Stages a closed group's appended rows, then its held rows; the
-    /// commit after them makes them visible.
-    async fn stage_group(&self, target: &TargetTable, group: GroupFiles) -> Result<(), SinkError> {
-        self.stage_files(target, Some(group.appended)).await?;
-        self.stage_files(target, group.held).await
     }
 
     /// Stages a prepared batch (a part of an open transaction); an empty
@@ -1412,7 +1411,7 @@ impl IcebergSink {
             ));
         };
         let field = w.arrow.field(*k);
-        let keys = files::read_column(&w.table, files, field.name()).await?;
+        let keys = files::read_column(&w.table, files, field).await?;
         schema::conform(&keys, field.data_type())
             .map_err(|e| SinkError::Io(format!("reading back {}: {e}", field.name())))
     }

@@ -107,7 +107,8 @@ pub async fn provider(table: Table) -> Result<Arc<dyn TableProvider>, SinkError>
 }
 
 /// Whether every delete file is one the sink writes: equality deletes on
-/// the table's key, unpartitioned, and Parquet position deletes.
+/// the table's key, unpartitioned, and Parquet position deletes of one
+/// data file.
 fn hashable_deletes(table: &Table, files: &[LiveFile]) -> bool {
     let schema = table.metadata().current_schema();
     let mut key: Vec<i32> = schema.identifier_field_ids().collect();
@@ -116,8 +117,12 @@ fn hashable_deletes(table: &Table, files: &[LiveFile]) -> bool {
         let e = &f.entry;
         match e.content_type() {
             DataContentType::Data => true,
-            // Parquet ones (a deletion vector is a Puffin blob).
-            DataContentType::PositionDeletes => e.file_format() == DataFileFormat::Parquet,
+            // Parquet ones (a deletion vector is a Puffin blob) of one
+            // data file, as the sink writes them.
+            DataContentType::PositionDeletes => {
+                e.file_format() == DataFileFormat::Parquet
+                    && e.data_file().referenced_data_file().is_some()
+            }
             DataContentType::EqualityDeletes => {
                 let mut ids = e.data_file().equality_ids().unwrap_or_default();
                 ids.sort_unstable();
