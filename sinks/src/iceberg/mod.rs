@@ -1115,8 +1115,8 @@ impl IcebergSink {
         };
         // Position deletes share the delete manifest, whose spec is the
         // unpartitioned one: only files of that spec (the group writes the
-        // default one) can have theirs there. Format v3 forbids adding position-delete files (it has
-        // deletion vectors instead).
+        // default one) can have theirs there. Format v3 forbids adding
+        // position-delete files (it has deletion vectors instead).
         let delete_spec = w.delete_spec.spec_id();
         let metadata = w.table.metadata();
         let positional = metadata.format_version() < FormatVersion::V3
