@@ -1611,11 +1611,13 @@ async fn orphan_cleanup_leaves_the_files_of_a_batch_prepared_ahead() {
 /// the table holds wait beside it, and the batch that may not be deferred
 /// commits the lot with its position, the appends first: a later change
 /// (key 5 replaced twice, keys 7 and 8 deleted, key 20 replaced) applies
-/// to a row appended in the group. DuckDB and Iceberg's Java reader read
-/// exactly the source's state; the manifests show one data file for the 11
-/// appended rows and one for the held changes (key 5's last image). A
-/// group never committed leaves nothing: neither one still open nor one
-/// staged without its commit.
+/// to a row appended in the group, and key 100, committed before the
+/// group, is replaced. DuckDB and Iceberg's Java reader read exactly the
+/// source's state; the manifests show one data file for the 11 appended
+/// rows and one for all the held changes (keys 5, 20 and 100's last
+/// images: those removed by position and the one removed by equality
+/// delete share it). A group never committed leaves nothing: neither one
+/// still open nor one staged without its commit.
 #[tokio::test]
 async fn a_snapshot_group_gathers_appends_into_one_file_and_applies_later_changes_to_them() {
     use urutau_planner::sink::Committed;
@@ -1634,7 +1636,7 @@ async fn a_snapshot_group_gathers_appends_into_one_file_and_applies_later_change
     let deferred = [
         batch(&first),
         batch(&[(5, "x", false), (7, "", true), (20, "a", false)]),
-        batch(&[(5, "b", false), (8, "", true)]),
+        batch(&[(5, "b", false), (8, "", true), (100, "y", false)]),
     ];
     for (b, position) in deferred.iter().zip(["10", "20", "25"]) {
         let done = prepare_and_commit(&*r.sink, &r.target, b.clone(), true, position).await;
@@ -1661,18 +1663,29 @@ async fn a_snapshot_group_gathers_appends_into_one_file_and_applies_later_change
         .map(|i| json!({"id": i, "v": if i == 5 { "b" } else { "a" }}))
         .collect();
     expected.push(json!({"id": 20, "v": "c"}));
-    expected.push(json!({"id": 100, "v": "x"}));
+    expected.push(json!({"id": 100, "v": "y"}));
     assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
     assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
-    let mut data_rows: Vec<i64> = common::duckdb_live_files(&python, &loc)
+    let live_files = common::duckdb_live_files(&python, &loc);
+    let mut data_rows: Vec<i64> = live_files
         .iter()
         .filter(|f| f["content"] == 0)
         .map(|f| f["records"].as_i64().unwrap())
         .collect();
     data_rows.sort();
-    // Key 100; the held changes with the closing batch's, collapsed: key
-    // 5's last image and key 20's; the group: keys 1-10 and 20.
-    assert_eq!(data_rows, vec![1, 2, 11]);
+    // Key 100's first image; the held changes with the closing batch's,
+    // collapsed, in one file: the last images of keys 5, 20 and 100; the
+    // group: keys 1-10 and 20.
+    assert_eq!(data_rows, vec![1, 3, 11]);
+    let mut delete_kinds: Vec<i64> = live_files
+        .iter()
+        .filter(|f| f["content"] != 0)
+        .map(|f| f["content"].as_i64().unwrap())
+        .collect();
+    delete_kinds.sort();
+    // Keys 5, 7, 8 and 20 of the group's file by position; key 100 by
+    // equality.
+    assert_eq!(delete_kinds, vec![1, 2]);
     assert_eq!(metadata_json(&loc)["properties"]["cdc.position"], "30");
 
     // A group staged without its commit, and one still open, then the run

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray};
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::compute::{and, concat, filter, filter_record_batch, not, or};
+use arrow::compute::{and, concat, concat_batches, filter, filter_record_batch, not, or};
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::TableProvider;
@@ -1143,12 +1143,12 @@ impl IcebergSink {
                 .as_boolean()
                 .clone(),
         };
-        let mut part = self.write_files(target, &committed_before).await?;
+        let mut plain = None;
+        let mut delete_files = Vec::new();
         if found.held.true_count() > 0 {
             // Until the files are listed as pending, orphan cleanup waits
-            // (not held across `write_files`, which takes it itself).
+            // (not held across `write_files_with`, which takes it itself).
             let _writing = w.files_gate.read().await;
-            let mut delete_files = Vec::new();
             for (file, positions) in found.positions {
                 let data_file = &closed.appended.data_files[file];
                 delete_files.push(
@@ -1156,37 +1156,30 @@ impl IcebergSink {
                         .await?,
                 );
             }
+            w.pending().extend(Writing::local_paths(&delete_files));
+            // Live, written without an equality delete, as the group's
+            // appended rows were, in the same data file as the other held
+            // rows: a commit that finds another writer's checks their keys.
             let live = and(&found.held, &not(&rows.deletes).map_err(&err)?).map_err(&err)?;
-            let data = filter_record_batch(&held_rows, &live).map_err(&err)?;
-            // Written without an equality delete, as the group's appended
-            // rows were: a commit that finds another writer's checks them.
-            let new_keys = Arc::clone(data.column(*k));
-            let data_files = match data.num_rows() {
-                0 => vec![],
-                _ => files::write_data(&w.table, data, true, w.target_file_size).await?,
-            };
-            w.pending().extend(
-                Writing::local_paths(&data_files).chain(Writing::local_paths(&delete_files)),
-            );
+            plain = Some(filter_record_batch(&held_rows, &live).map_err(&err)?);
+        }
+        let mut part = self
+            .write_files_with(target, &committed_before, plain)
+            .await?;
+        if !delete_files.is_empty() {
             let p = part.get_or_insert_with(|| PreparedFiles {
                 data_files: vec![],
                 delete_files: vec![],
                 fresh: Fresh::None,
                 others_seen: closed.appended.others_seen,
             });
+            p.delete_files.extend(delete_files);
+        }
+        if found.held.true_count() > 0
+            && let Some(p) = part.as_mut()
+        {
             // Their keys were found new when the group appended them.
             p.others_seen = p.others_seen.min(closed.appended.others_seen);
-            if !new_keys.is_empty() {
-                p.fresh = match std::mem::replace(&mut p.fresh, Fresh::None) {
-                    Fresh::None => Fresh::Keys(new_keys),
-                    Fresh::Keys(keys) => {
-                        Fresh::Keys(concat(&[keys.as_ref(), new_keys.as_ref()]).map_err(&err)?)
-                    }
-                    Fresh::InDataFiles => Fresh::InDataFiles,
-                };
-            }
-            p.data_files.extend(data_files);
-            p.delete_files.extend(delete_files);
         }
         Ok(GroupFiles {
             appended: closed.appended,
@@ -1276,7 +1269,23 @@ impl IcebergSink {
         target: &TargetTable,
         batch: &SinkBatch,
     ) -> Result<Option<PreparedFiles>, SinkError> {
-        if batch.rows.num_rows() == 0 {
+        self.write_files_with(target, batch, None).await
+    }
+
+    /// As [`Self::write_files`], with `plain`: live rows in the table's
+    /// schema whose keys no committed file holds (a snapshot group's held
+    /// rows of keys it appended, removed by position), written into the
+    /// same data files without an equality delete, their keys checked as
+    /// new ones at commit. So a group's held part is one data file, not
+    /// two.
+    async fn write_files_with(
+        &self,
+        target: &TargetTable,
+        batch: &SinkBatch,
+        plain: Option<RecordBatch>,
+    ) -> Result<Option<PreparedFiles>, SinkError> {
+        let plain = plain.filter(|p| p.num_rows() > 0);
+        if batch.rows.num_rows() == 0 && plain.is_none() {
             return Ok(None);
         }
         let w = self.entry(target).await?.writing;
@@ -1332,13 +1341,34 @@ impl IcebergSink {
                 // Rows that stay: every key's latest image, unless deleted
                 // (with no deletes the kernel returns the columns as they are).
                 let keep = not(&batch_deletes).map_err(io_error("selecting rows"))?;
-                let data = filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?;
+                let mut data =
+                    filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?;
+                if let Some(plain) = &plain {
+                    data = concat_batches(&w.arrow, [&data, plain])
+                        .map_err(io_error("joining the plain rows"))?;
+                    if let [k] = w.key_indices.as_slice() {
+                        let new_keys = Arc::clone(plain.column(*k));
+                        fresh = match fresh {
+                            Fresh::Keys(keys) => Fresh::Keys(
+                                concat(&[keys.as_ref(), new_keys.as_ref()])
+                                    .map_err(io_error("joining the new keys"))?,
+                            ),
+                            Fresh::None => Fresh::Keys(new_keys),
+                            Fresh::InDataFiles => Fresh::InDataFiles,
+                        };
+                    }
+                }
                 if let [k] = w.key_indices.as_slice() {
                     w.key_ranges().add_keys(data.column(*k));
                 }
                 data
             }
-            WriteMode::Append | WriteMode::AppendIdempotent => rows,
+            // Only an upsert table holds rows.
+            WriteMode::Append | WriteMode::AppendIdempotent => match &plain {
+                Some(plain) => concat_batches(&w.arrow, [&rows, plain])
+                    .map_err(io_error("joining the plain rows"))?,
+                None => rows,
+            },
         };
         let unique_keys = target.mode == WriteMode::Upsert;
         let data_files = files::write_data(&w.table, data, unique_keys, w.target_file_size).await?;
