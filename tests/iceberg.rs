@@ -1911,16 +1911,15 @@ async fn a_staged_transaction_never_publishes_over_another_writers_commit() {
     assert_eq!(metadata_json(&loc)["properties"]["cdc.position"], "20");
 }
 
-/// A snapshot group whose keys another writer committed meanwhile: the
-/// group's commit meets the other writer's (a conflict), reads the group's
-/// keys back from its data file, and deletes the one the other writer
-/// holds (key 3), so the table has one row per key, the group's.
-#[tokio::test]
-async fn a_snapshot_group_replaces_a_key_another_writer_committed_meanwhile() {
+/// Writer A opens a snapshot group of keys 1-5 (position 10), writer B
+/// commits key 3 meanwhile (position 5), then A's `closing` batch closes
+/// and commits the group (position 20); the table's metadata location.
+async fn group_of_keys_1_to_5_meets_key_3_of_another_writer(
+    dir: &Path,
+    closing: &[(i64, &str, bool)],
+) -> String {
     use urutau_planner::sink::Committed;
-    let python = common::harness_python();
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_writers(&id_v_pipeline(dir.path(), "w")).await;
+    let (a, b) = two_writers(&id_v_pipeline(dir, "w")).await;
     let (ra, rb) = (&a.routes[0], &b.routes[0]);
     let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
     let first: Vec<(i64, &str, bool)> = (1..=5).map(|i| (i, "a", false)).collect();
@@ -1930,12 +1929,23 @@ async fn a_snapshot_group_replaces_a_key_another_writer_committed_meanwhile() {
         .commit(&rb.target, &batch(&[(3, "b", false)]), "5")
         .await
         .unwrap();
-    let closing = batch(&[(9, "a", false)]);
-    let done = prepare_and_commit(&*ra.sink, &ra.target, closing, false, "20").await;
+    let done = prepare_and_commit(&*ra.sink, &ra.target, batch(closing), false, "20").await;
     assert_eq!(done, Committed::Now);
-    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "w", "t")
+    common::catalog_metadata_location(&dir.join("catalog.db"), "w", "t")
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// A snapshot group whose keys another writer committed meanwhile: the
+/// group's commit meets the other writer's (a conflict), reads the group's
+/// keys back from its data file, and deletes the one the other writer
+/// holds (key 3), so the table has one row per key, the group's.
+#[tokio::test]
+async fn a_snapshot_group_replaces_a_key_another_writer_committed_meanwhile() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let loc =
+        group_of_keys_1_to_5_meets_key_3_of_another_writer(dir.path(), &[(9, "a", false)]).await;
     let expected: Vec<Value> = [1, 2, 3, 4, 5, 9]
         .iter()
         .map(|i| json!({"id": i, "v": "a"}))
@@ -1950,25 +1960,10 @@ async fn a_snapshot_group_replaces_a_key_another_writer_committed_meanwhile() {
 /// key meanwhile: the table ends with one row of the key, the change.
 #[tokio::test]
 async fn a_snapshot_groups_changed_key_another_writer_committed_meanwhile_is_held_once() {
-    use urutau_planner::sink::Committed;
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_writers(&id_v_pipeline(dir.path(), "w")).await;
-    let (ra, rb) = (&a.routes[0], &b.routes[0]);
-    let batch = |rows: &[(i64, &str, bool)]| id_v_batch(ra.target.arrow_schema(), rows);
-    let first: Vec<(i64, &str, bool)> = (1..=5).map(|i| (i, "a", false)).collect();
-    let done = prepare_and_commit(&*ra.sink, &ra.target, batch(&first), true, "10").await;
-    assert_eq!(done, Committed::Deferred);
-    rb.sink
-        .commit(&rb.target, &batch(&[(3, "b", false)]), "5")
-        .await
-        .unwrap();
-    let closing = batch(&[(3, "c", false), (4, "", true), (9, "a", false)]);
-    let done = prepare_and_commit(&*ra.sink, &ra.target, closing, false, "20").await;
-    assert_eq!(done, Committed::Now);
-    let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "w", "t")
-        .await
-        .unwrap();
+    let closing = [(3, "c", false), (4, "", true), (9, "a", false)];
+    let loc = group_of_keys_1_to_5_meets_key_3_of_another_writer(dir.path(), &closing).await;
     let expected: Vec<Value> = [(1, "a"), (2, "a"), (3, "c"), (5, "a"), (9, "a")]
         .iter()
         .map(|(i, v)| json!({"id": i, "v": v}))

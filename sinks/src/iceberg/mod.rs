@@ -1166,6 +1166,8 @@ impl IcebergSink {
         let mut part = self
             .write_files_with(target, &committed_before, plain)
             .await?;
+        // A held row was found in the group's files exactly when one of
+        // them has a position deleted.
         if !delete_files.is_empty() {
             let p = part.get_or_insert_with(|| PreparedFiles {
                 data_files: vec![],
@@ -1174,10 +1176,6 @@ impl IcebergSink {
                 others_seen: closed.appended.others_seen,
             });
             p.delete_files.extend(delete_files);
-        }
-        if found.held.true_count() > 0
-            && let Some(p) = part.as_mut()
-        {
             // Their keys were found new when the group appended them.
             p.others_seen = p.others_seen.min(closed.appended.others_seen);
         }
@@ -1341,34 +1339,33 @@ impl IcebergSink {
                 // Rows that stay: every key's latest image, unless deleted
                 // (with no deletes the kernel returns the columns as they are).
                 let keep = not(&batch_deletes).map_err(io_error("selecting rows"))?;
-                let mut data =
-                    filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?;
-                if let Some(plain) = &plain {
-                    data = concat_batches(&w.arrow, [&data, plain])
-                        .map_err(io_error("joining the plain rows"))?;
-                    if let [k] = w.key_indices.as_slice() {
-                        let new_keys = Arc::clone(plain.column(*k));
-                        fresh = match fresh {
-                            Fresh::Keys(keys) => Fresh::Keys(
-                                concat(&[keys.as_ref(), new_keys.as_ref()])
-                                    .map_err(io_error("joining the new keys"))?,
-                            ),
-                            Fresh::None => Fresh::Keys(new_keys),
-                            Fresh::InDataFiles => Fresh::InDataFiles,
-                        };
-                    }
-                }
+                let data = filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?;
                 if let [k] = w.key_indices.as_slice() {
                     w.key_ranges().add_keys(data.column(*k));
                 }
                 data
             }
-            // Only an upsert table holds rows.
-            WriteMode::Append | WriteMode::AppendIdempotent => match &plain {
-                Some(plain) => concat_batches(&w.arrow, [&rows, plain])
-                    .map_err(io_error("joining the plain rows"))?,
-                None => rows,
-            },
+            WriteMode::Append | WriteMode::AppendIdempotent => rows,
+        };
+        // The plain rows' keys joined the ranges when the group appended
+        // them; they are checked as new ones at commit.
+        let data = match &plain {
+            None => data,
+            Some(plain) => {
+                if let [k] = w.key_indices.as_slice() {
+                    let new_keys = Arc::clone(plain.column(*k));
+                    fresh = match fresh {
+                        Fresh::None => Fresh::Keys(new_keys),
+                        Fresh::Keys(keys) => Fresh::Keys(
+                            concat(&[keys.as_ref(), new_keys.as_ref()])
+                                .map_err(io_error("joining the new keys"))?,
+                        ),
+                        Fresh::InDataFiles => Fresh::InDataFiles,
+                    };
+                }
+                concat_batches(&w.arrow, [&data, plain])
+                    .map_err(io_error("joining the plain rows"))?
+            }
         };
         let unique_keys = target.mode == WriteMode::Upsert;
         let data_files = files::write_data(&w.table, data, unique_keys, w.target_file_size).await?;
