@@ -1764,6 +1764,126 @@ async fn a_snapshot_group_keeps_a_key_inserted_after_a_delete_of_it_it_never_hel
     assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
 }
 
+/// The record counts of the live files of `content` (0 data, 1 position
+/// deletes, 2 equality deletes) in the table at `loc`, as DuckDB lists
+/// them.
+fn live_file_records(python: &Path, loc: &str, content: i64) -> Vec<i64> {
+    common::duckdb_live_files(python, loc)
+        .iter()
+        .filter(|f| f["content"] == content)
+        .map(|f| f["records"].as_i64().unwrap())
+        .collect()
+}
+
+/// `lake.t` of the [`id_v_pipeline`] at `p` as `urutau query` reads it
+/// (our own reader), ordered by id.
+fn query_id_v(p: &Path) -> Vec<Value> {
+    let out = common::urutau(&[
+        "query",
+        p.to_str().unwrap(),
+        "SELECT id, v FROM lake.t ORDER BY id",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Another engine's row-level delete: one position-delete file naming
+/// three of the sink's data files (no single referenced data file, as
+/// Spark's merge-on-read DELETE writes them), written and committed by
+/// Iceberg's Java library through its JdbcCatalog on the same SQLite
+/// catalog. `urutau query` applies it as DuckDB and the Java reader do; the
+/// sink's next commit (re-inserting a deleted key, updating another) keeps
+/// it; and compaction, which refused such a file before, applies it and
+/// drops it.
+#[tokio::test]
+async fn another_engines_position_deletes_of_several_files_are_read_and_compacted() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let text = id_v_pipeline(dir.path(), "fp");
+    let p = dir.path().join("p.sql");
+    std::fs::write(&p, &text).unwrap();
+    let plan = common::plan_sql(&text).await.unwrap();
+    let r = &plan.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    // Three commits: three data files of keys 1-4, 5-8 and 9-12.
+    for (first, position) in [(1, "10"), (5, "20"), (9, "30")] {
+        let rows: Vec<(i64, &str, bool)> = (first..first + 4).map(|i| (i, "a", false)).collect();
+        let batch = id_v_batch(r.target.arrow_schema(), &rows);
+        r.sink.commit(&r.target, &batch, position).await.unwrap();
+    }
+    drop(plan);
+
+    let deleted = common::iceberg_java_position_delete(
+        &dir.path().join("catalog.db"),
+        &dir.path().join("wh"),
+        "lake",
+        ("fp", "t"),
+        "id",
+        &[2, 6, 10],
+    );
+    assert_eq!(deleted["data_files"], 3, "{deleted}");
+    assert_eq!(deleted["deleted"], 3, "{deleted}");
+    assert_eq!(deleted["referenced_data_file"], Value::Null, "{deleted}");
+    let db = dir.path().join("catalog.db");
+    let location = || common::catalog_metadata_location(&db, "fp", "t");
+    let loc = location().await.unwrap();
+    assert_eq!(live_file_records(&python, &loc, 1), vec![3]);
+    let mut expected: Vec<Value> = (1..=12)
+        .filter(|i| ![2, 6, 10].contains(i))
+        .map(|i| json!({"id": i, "v": "a"}))
+        .collect();
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+    assert_eq!(query_id_v(&p), expected, "urutau query");
+
+    // The sink's next commit, with compaction due after it.
+    let text = edit(
+        &text,
+        "namespace = 'fp'",
+        "namespace = 'fp', maintenance_enabled = true, maintenance_compaction_interval = '0s', maintenance_compaction_min_input_files = 2",
+    );
+    std::fs::write(&p, &text).unwrap();
+    let plan = common::plan_sql(&text).await.unwrap();
+    let r = &plan.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    let batch = id_v_batch(r.target.arrow_schema(), &[(6, "b", false), (3, "b", false)]);
+    r.sink.commit(&r.target, &batch, "40").await.unwrap();
+    let loc = location().await.unwrap();
+    let md = metadata_json(&loc);
+    assert!(
+        md["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["summary"]["operation"] == "replace"),
+        "compaction ran"
+    );
+    assert_eq!(md["properties"]["cdc.position"], "40");
+    assert_eq!(
+        live_file_records(&python, &loc, 1),
+        Vec::<i64>::new(),
+        "the other engine's position deletes applied and dropped"
+    );
+    expected = (1..=12)
+        .filter(|i| ![2, 10].contains(i))
+        .map(|i| json!({"id": i, "v": if i == 3 || i == 6 { "b" } else { "a" }}))
+        .collect();
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
+    assert_eq!(query_id_v(&p), expected, "urutau query after compaction");
+}
+
 /// A snapshot group's held changes to keys it appended itself remove the
 /// appended rows by position (one position-delete file naming the group's
 /// data file), and only keys committed before the group get an equality
@@ -1808,39 +1928,14 @@ async fn held_changes_to_keys_a_snapshot_group_appended_are_position_deletes() {
         .map(|i| json!({"id": i, "v": if i == 5 { "c" } else { "a" }}))
         .collect();
     expected.push(json!({"id": 100, "v": "y"}));
-    let records = |loc: &str, content: i64| -> Vec<i64> {
-        common::duckdb_live_files(&python, loc)
-            .iter()
-            .filter(|f| f["content"] == content)
-            .map(|f| f["records"].as_i64().unwrap())
-            .collect()
-    };
+    let records = |loc: &str, content: i64| live_file_records(&python, loc, content);
     // Keys 5, 7 and 8 were appended by the group: by position; key 100
     // was committed before it: by equality.
     assert_eq!(records(&loc, 1), vec![3], "one position-delete file");
     assert_eq!(records(&loc, 2), vec![1], "one equality delete");
     assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
     assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
-    let ours = |p: &Path| -> Vec<Value> {
-        let out = common::urutau(&[
-            "query",
-            p.to_str().unwrap(),
-            "SELECT id, v FROM lake.t ORDER BY id",
-            "--format",
-            "json",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
+    let ours = query_id_v;
     assert_eq!(ours(&p), expected, "urutau query");
     drop(plan);
 

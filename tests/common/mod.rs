@@ -315,8 +315,9 @@ pub fn iceberg_java_home() -> std::path::PathBuf {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| std::path::PathBuf::from("/var/tmp/urutau-iceberg-java"));
     assert!(
-        home.join("classes/IcebergRead.class").exists(),
-        "the Java Iceberg reader is not installed under {}: run tests/harness/iceberg-java-fetch (needs a Java 17 JDK and Maven; scripts/test runs it)",
+        home.join("classes/IcebergRead.class").exists()
+            && home.join("classes/IcebergPositionDelete.class").exists(),
+        "the Java Iceberg reader and writer are not installed under {}: run tests/harness/iceberg-java-fetch (needs a Java 17 JDK and Maven; scripts/test runs it)",
         home.display()
     );
     home
@@ -355,6 +356,46 @@ pub fn iceberg_java_rows(metadata: &str, order_by: &str) -> Vec<serde_json::Valu
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+/// Another engine's row-level delete of `table` (`namespace.table` of the
+/// SQLite catalog `catalog_db`, rows named `catalog`): Iceberg's Java
+/// library deletes the rows whose integer `key_column` is among `keys` with
+/// one position-delete file naming every data file that holds one, as
+/// Spark's merge-on-read DELETE does (tests/harness/IcebergPositionDelete.java).
+/// Returns what it printed: `data_files`, `deleted`, `delete_file`,
+/// `referenced_data_file`.
+pub fn iceberg_java_position_delete(
+    catalog_db: &std::path::Path,
+    warehouse: &std::path::Path,
+    catalog: &str,
+    table: (&str, &str),
+    key_column: &str,
+    keys: &[i64],
+) -> serde_json::Value {
+    let home = iceberg_java_home();
+    let out = std::process::Command::new("java")
+        .arg("-cp")
+        .arg(format!(
+            "{}/lib/*:{}/classes",
+            home.display(),
+            home.display()
+        ))
+        .arg("IcebergPositionDelete")
+        .arg(catalog_db)
+        .arg(warehouse)
+        .args([catalog, table.0, table.1, key_column])
+        .args(keys.iter().map(i64::to_string))
+        .output()
+        .expect("java runs (install a Java 17 JDK)");
+    assert!(
+        out.status.success(),
+        "Iceberg's Java library could not delete from {}.{}: {}",
+        table.0,
+        table.1,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// A digest of an Iceberg table by Iceberg's Java library: `rows`, `sum`

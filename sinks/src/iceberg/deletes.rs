@@ -5,7 +5,7 @@
 //! lower sequence number, a position delete to those of a lower or equal
 //! one, as the spec says).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch};
 use arrow::compute::{cast, filter_record_batch};
@@ -63,6 +63,11 @@ impl DeletedKeys {
         let converter = RowConverter::new(fields).map_err(|e| SinkError::Io(e.to_string()))?;
         let mut seq: HashMap<Vec<u8>, i64> = HashMap::new();
         let mut positions: HashMap<String, HashMap<i64, i64>> = HashMap::new();
+        let data_files: HashSet<&str> = live
+            .iter()
+            .filter(|f| f.entry.content_type() == DataContentType::Data)
+            .map(|f| f.entry.file_path())
+            .collect();
         for f in live {
             let e = &f.entry;
             match e.content_type() {
@@ -75,16 +80,19 @@ impl DeletedKeys {
                             e.file_path()
                         )));
                     }
-                    // Ours name their one data file; another engine's may
-                    // cover many, and every position would be held here.
-                    if e.data_file().referenced_data_file().is_none() {
-                        return Err(SinkError::Io(format!(
-                            "{doing}: {} holds position deletes of several data files, which this build does not apply",
-                            e.file_path()
-                        )));
-                    }
+                    // Ours name their one data file; another engine's
+                    // (Spark's merge-on-read deletes) may name many, of
+                    // which only the live ones are kept.
                     let delete_seq = e.sequence_number().unwrap_or(i64::MAX);
-                    read_positions(table, e.file_path(), delete_seq, &mut positions, doing).await?;
+                    read_positions(
+                        table,
+                        e.file_path(),
+                        delete_seq,
+                        &data_files,
+                        &mut positions,
+                        doing,
+                    )
+                    .await?;
                     continue;
                 }
             }
@@ -204,11 +212,14 @@ impl DeletedKeys {
 }
 
 /// Reads a position-delete file into `positions` (path -> row -> the
-/// highest sequence number deleting it).
+/// highest sequence number deleting it), for the rows of `data_files`
+/// only: one file may name many data files (another engine's), some of
+/// them gone since.
 async fn read_positions(
     table: &Table,
     file: &str,
     delete_seq: i64,
+    data_files: &HashSet<&str>,
     positions: &mut HashMap<String, HashMap<i64, i64>>,
     doing: &str,
 ) -> Result<(), SinkError> {
@@ -244,11 +255,15 @@ async fn read_positions(
             let (Some(path), Some(pos)) = (path, pos) else {
                 return Err(err("a NULL file_path or pos".to_string()));
             };
-            let s = positions
-                .entry(path.to_string())
-                .or_default()
-                .entry(pos)
-                .or_insert(delete_seq);
+            // A file no longer live (compacted away) has nothing to apply.
+            if !data_files.contains(path) {
+                continue;
+            }
+            let rows = match positions.get_mut(path) {
+                Some(rows) => rows,
+                None => positions.entry(path.to_string()).or_default(),
+            };
+            let s = rows.entry(pos).or_insert(delete_seq);
             *s = (*s).max(delete_seq);
         }
     }

@@ -13,10 +13,10 @@
 //!
 //! What the sink writes is what this reads: equality deletes on the
 //! table's key, unpartitioned (global), and Parquet position deletes (a
-//! snapshot group's). A table with anything else (a deletion vector, a
-//! partitioned equality delete, deletes on other fields, written by
-//! another engine) is read by iceberg-datafusion's scan, which applies
-//! every kind.
+//! snapshot group's, of one data file, or another engine's, of many). A
+//! table with anything else (a deletion vector, a partitioned equality
+//! delete, deletes on other fields, written by another engine) is read by
+//! iceberg-datafusion's scan, which applies every kind.
 
 use std::any::Any;
 use std::fmt;
@@ -106,9 +106,9 @@ pub async fn provider(table: Table) -> Result<Arc<dyn TableProvider>, SinkError>
     ))
 }
 
-/// Whether every delete file is one the sink writes: equality deletes on
-/// the table's key, unpartitioned, and Parquet position deletes of one
-/// data file.
+/// Whether every delete file is one this reader applies: equality
+/// deletes on the table's key, unpartitioned, and Parquet position
+/// deletes.
 fn hashable_deletes(table: &Table, files: &[LiveFile]) -> bool {
     let schema = table.metadata().current_schema();
     let mut key: Vec<i32> = schema.identifier_field_ids().collect();
@@ -117,12 +117,9 @@ fn hashable_deletes(table: &Table, files: &[LiveFile]) -> bool {
         let e = &f.entry;
         match e.content_type() {
             DataContentType::Data => true,
-            // Parquet ones (a deletion vector is a Puffin blob) of one
-            // data file, as the sink writes them.
-            DataContentType::PositionDeletes => {
-                e.file_format() == DataFileFormat::Parquet
-                    && e.data_file().referenced_data_file().is_some()
-            }
+            // Parquet ones (a deletion vector is a Puffin blob), of one
+            // data file or of many.
+            DataContentType::PositionDeletes => e.file_format() == DataFileFormat::Parquet,
             DataContentType::EqualityDeletes => {
                 let mut ids = e.data_file().equality_ids().unwrap_or_default();
                 ids.sort_unstable();
