@@ -1884,6 +1884,120 @@ async fn another_engines_position_deletes_of_several_files_are_read_and_compacte
     assert_eq!(query_id_v(&p), expected, "urutau query after compaction");
 }
 
+/// Compaction converts instead of rewriting: a data file at or above the
+/// target size (an initial snapshot's, here one commit of 20,000 rows)
+/// that the stream's equality deletes apply to stays, and the rows they
+/// remove from it become one position-delete file naming it, while the
+/// small files are rewritten and the equality deletes go. DuckDB, Iceberg's
+/// Java reader and `urutau query` read the same rows before and after.
+#[tokio::test]
+async fn compaction_turns_equality_deletes_on_a_large_file_into_its_position_deletes() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let text = id_v_pipeline(dir.path(), "cv");
+    let p = dir.path().join("p.sql");
+    std::fs::write(&p, &text).unwrap();
+    let plan = common::plan_sql(&text).await.unwrap();
+    let r = &plan.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    let values: Vec<String> = (1..=20_000).map(|i| format!("value {i}")).collect();
+    let large: Vec<(i64, &str, bool)> = (1..=20_000)
+        .map(|i| (i, values[i as usize - 1].as_str(), false))
+        .collect();
+    r.sink
+        .commit(
+            &r.target,
+            &id_v_batch(r.target.arrow_schema(), &large),
+            "10",
+        )
+        .await
+        .unwrap();
+    let db = dir.path().join("catalog.db");
+    let loc = common::catalog_metadata_location(&db, "cv", "t")
+        .await
+        .unwrap();
+    let large_file = common::duckdb_live_files(&python, &loc)[0]["path"].clone();
+    // Updates and a delete of keys in the large file: equality deletes.
+    for (rows, position) in [
+        (vec![(10, "b", false), (20, "b", false)], "20"),
+        (vec![(30, "", true), (10, "c", false)], "30"),
+    ] {
+        let batch = id_v_batch(r.target.arrow_schema(), &rows);
+        r.sink.commit(&r.target, &batch, position).await.unwrap();
+    }
+    drop(plan);
+    let loc = common::catalog_metadata_location(&db, "cv", "t")
+        .await
+        .unwrap();
+    assert_eq!(live_file_records(&python, &loc, 2), vec![2, 2]);
+    let expected = |last: &[(i64, &str)]| -> Vec<Value> {
+        (1..=20_000i64)
+            .filter(|i| *i != 30)
+            .map(|i| {
+                let v = last
+                    .iter()
+                    .find(|(k, _)| *k == i)
+                    .map_or(format!("value {i}"), |(_, v)| v.to_string());
+                json!({"id": i, "v": v})
+            })
+            .collect()
+    };
+    let before = expected(&[(10, "c"), (20, "b")]);
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), before);
+
+    // The next commit, with compaction due after it; the target size is
+    // below the large file's and above the small ones'.
+    let text = edit(
+        &text,
+        "namespace = 'cv'",
+        "namespace = 'cv', maintenance_enabled = true, maintenance_compaction_interval = '0s',
+  maintenance_compaction_min_input_files = 3, maintenance_compaction_target_file_size = '16KiB'",
+    );
+    std::fs::write(&p, &text).unwrap();
+    let plan = common::plan_sql(&text).await.unwrap();
+    let r = &plan.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    let batch = id_v_batch(r.target.arrow_schema(), &[(40, "d", false)]);
+    r.sink.commit(&r.target, &batch, "40").await.unwrap();
+    let loc = common::catalog_metadata_location(&db, "cv", "t")
+        .await
+        .unwrap();
+    let md = metadata_json(&loc);
+    let replace = md["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["summary"]["operation"] == "replace")
+        .expect("compaction ran");
+    assert_eq!(
+        replace["summary"]["added-position-deletes"], "4",
+        "{replace}"
+    );
+    let live = common::duckdb_live_files(&python, &loc);
+    let data: Vec<&Value> = live.iter().filter(|f| f["content"] == 0).collect();
+    assert!(
+        data.iter().any(|f| f["path"] == large_file),
+        "the large file stays: {live:#?}"
+    );
+    assert!(
+        data.iter()
+            .all(|f| f["path"] == large_file || f["size"].as_u64().unwrap() < 16 << 10),
+        "the small files were rewritten into one: {live:#?}"
+    );
+    assert_eq!(data.len(), 2, "{live:#?}");
+    // Keys 10, 20, 30 and 40's rows in the large file, by position.
+    assert_eq!(live_file_records(&python, &loc, 1), vec![4]);
+    assert_eq!(
+        live_file_records(&python, &loc, 2),
+        Vec::<i64>::new(),
+        "no equality delete left"
+    );
+    let after = expected(&[(10, "c"), (20, "b"), (40, "d")]);
+    assert_eq!(common::duckdb_rows(&python, &loc, "id"), after);
+    assert_eq!(common::iceberg_java_rows(&loc, "id"), after);
+    assert_eq!(query_id_v(&p), after, "urutau query after compaction");
+}
+
 /// A snapshot group's held changes to keys it appended itself remove the
 /// appended rows by position (one position-delete file naming the group's
 /// data file), and only keys committed before the group get an equality

@@ -219,6 +219,8 @@ pub struct TimedCount {
     pub table_seconds: f64,
     /// Live data files of the current snapshot.
     pub data_files: usize,
+    /// Their sizes in bytes, largest first.
+    pub data_file_sizes: Vec<u64>,
     /// Seconds counting those files directly as Parquet took.
     pub files_seconds: f64,
     /// Live position delete files.
@@ -231,11 +233,16 @@ impl TimedCount {
     /// One line saying what the count cost against the files' and why.
     pub fn describe(&self) -> String {
         format!(
-            "DuckDB count(*): {:.3} s over the table, {:.3} s over its {} data files read directly ({:.2}x); {} position and {} equality delete files",
+            "DuckDB count(*): {:.3} s over the table, {:.3} s over its {} data files read directly ({:.2}x; MiB: {}); {} position and {} equality delete files",
             self.table_seconds,
             self.files_seconds,
             self.data_files,
             self.table_seconds / self.files_seconds.max(1e-6),
+            self.data_file_sizes
+                .iter()
+                .map(|b| format!("{:.1}", *b as f64 / f64::from(1 << 20)))
+                .collect::<Vec<_>>()
+                .join(", "),
             self.position_deletes,
             self.equality_deletes
         )
@@ -250,6 +257,12 @@ pub fn duckdb_time_count(metadata: &str) -> TimedCount {
         table_rows: v["table_rows"].as_u64().unwrap(),
         table_seconds: v["table_seconds"].as_f64().unwrap(),
         data_files: v["data_files"].as_u64().unwrap() as usize,
+        data_file_sizes: v["data_file_sizes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_u64().unwrap())
+            .collect(),
         files_seconds: v["files_seconds"].as_f64().unwrap(),
         position_deletes: v["position_delete_files"].as_u64().unwrap() as usize,
         equality_deletes: v["equality_delete_files"].as_u64().unwrap() as usize,

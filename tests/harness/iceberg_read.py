@@ -246,7 +246,7 @@ def time_count(metadata_json):
     """Times count(*) over the table (iceberg_scan: deletes applied) and
     over its current snapshot's live data files read directly as Parquet,
     in one connection, each the fastest of three runs; prints both counts,
-    both times and the live delete files of each kind as one JSON object
+    both times, the data files' sizes and the live delete files of each kind as one JSON object
     (what a reader pays for the table's deletes)."""
     import time
 
@@ -254,10 +254,11 @@ def time_count(metadata_json):
         return p[len("file://"):] if p.startswith("file://") else p
 
     con = connect()
-    files, position_deletes, equality_deletes = [], 0, 0
-    for (path, content, _, _) in current_live_files(con, metadata_json):
+    files, sizes, position_deletes, equality_deletes = [], [], 0, 0
+    for (path, content, size, _) in current_live_files(con, metadata_json):
         if content == 0:
             files.append(local(path))
+            sizes.append(size)
         elif content == 1:
             position_deletes += 1
         else:
@@ -276,6 +277,7 @@ def time_count(metadata_json):
     table_rows, table_s = best_of_3("SELECT count(*) FROM iceberg_scan(?)", metadata_json)
     file_rows, files_s = best_of_3("SELECT count(*) FROM read_parquet(?)", files)
     print(json.dumps({"table_rows": table_rows, "table_seconds": table_s, "data_files": len(files),
+                      "data_file_sizes": sorted(sizes, reverse=True),
                       "position_delete_files": position_deletes,
                       "equality_delete_files": equality_deletes, "file_rows": file_rows, "files_seconds": files_s}))
 

@@ -498,7 +498,9 @@ fn compaction_error(e: iceberg::Error) -> SinkError {
 }
 
 /// New metadata for `table` with a `replace` snapshot on the main branch:
-/// `added` data files in, every file of `removed` marked deleted with its
+/// `added` data files in, `added_deletes` position-delete files in (each
+/// with the partition spec id of the data file it names), every file of
+/// `removed` marked deleted with its
 /// sequence numbers kept, every file of `kept` still live, and the table's
 /// current commit mark in the summary. `removed` and `kept` are together
 /// the current snapshot's live files, listed by `manifests` (the current
@@ -509,6 +511,7 @@ fn compaction_error(e: iceberg::Error) -> SinkError {
 pub async fn build_replace(
     table: &Table,
     added: &[DataFile],
+    added_deletes: &[(DataFile, i32)],
     removed: &[&LiveFile],
     kept: &[&LiveFile],
     manifests: &[ManifestFile],
@@ -528,6 +531,9 @@ pub async fn build_replace(
     for f in added {
         collector.add_file(f, schema.clone(), spec.clone());
     }
+    for (f, spec_id) in added_deletes {
+        collector.add_file(f, schema.clone(), spec_of(*spec_id)?);
+    }
     for f in removed {
         collector.remove_file(f.entry.data_file(), schema.clone(), spec_of(f.spec_id)?);
     }
@@ -543,6 +549,23 @@ pub async fn build_replace(
     if !added.is_empty() {
         let files = ManifestFiles::Added(added);
         manifests.push(snap.manifest("-m0.avro", &spec, false, files).await?);
+    }
+    // One manifest of added position deletes per partition spec.
+    let mut specs: Vec<i32> = added_deletes.iter().map(|(_, id)| *id).collect();
+    specs.sort_unstable();
+    specs.dedup();
+    for (n, spec_id) in specs.into_iter().enumerate() {
+        let files: Vec<DataFile> = added_deletes
+            .iter()
+            .filter(|(_, id)| *id == spec_id)
+            .map(|(f, _)| f.clone())
+            .collect();
+        let name = format!("-p{n}.avro");
+        let listed = ManifestFiles::Added(&files);
+        manifests.push(
+            snap.manifest(&name, &spec_of(spec_id)?, true, listed)
+                .await?,
+        );
     }
     // Manifests that list a removed file are rewritten; the others, carried.
     let touched: BTreeSet<usize> = removed.iter().map(|f| f.manifest).collect();

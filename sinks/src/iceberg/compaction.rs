@@ -20,6 +20,19 @@
 //! to no remaining data file; the deletes are global (unpartitioned), so
 //! they go when every group they touch has been rewritten.
 //!
+//! A data file at or above the target size that an equality delete
+//! applies to is not rewritten: only its key columns are read, and the rows
+//! the deletes remove from it are written as one position-delete file
+//! naming it (this pass's, replacing the position-delete files that named
+//! it before), so a table of large files (an initial snapshot's) is not
+//! rewritten whole each time the stream updates a few of its keys, and
+//! readers skip those rows by position instead of testing every row
+//! against every deleted key (DuckDB: seconds per equality-delete file on
+//! a million rows, milliseconds per position-delete file). A large file
+//! only position deletes apply to is left as it is. Tables of format 3
+//! (deletion vectors instead of position-delete files) rewrite it as
+//! before.
+//!
 //! A pass runs in the sink's maintenance turn, under the table's lock, so
 //! none of this pipeline's commits interleave; another writer's commit
 //! makes the swap fail and the pass is abandoned until its next turn (its
@@ -35,7 +48,7 @@ use iceberg::table::Table;
 use urutau_planner::sink::SinkError;
 
 use super::deletes::DeletedKeys;
-use super::files::DataWriter;
+use super::files::{DataWriter, write_position_deletes};
 use super::{commit, conform_by_name, io_error};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -111,6 +124,10 @@ pub fn may_compact(table: &Table, min_files: usize) -> bool {
 pub enum Role {
     /// A data file read (deletes applied) and written anew.
     Rewrite,
+    /// A large data file an equality delete applies to: it stays, and the
+    /// rows the deletes remove from it are written as one position-delete
+    /// file naming it.
+    Convert,
     /// A delete file that no longer applies to any remaining data file:
     /// removed.
     Drop,
@@ -139,6 +156,8 @@ impl CompactionPlan<'_> {
 #[derive(Debug, Clone, Copy)]
 struct Facts {
     data: bool,
+    /// An equality-delete file.
+    equality: bool,
     size: u64,
     /// The partition group (data files; deletes are global).
     group: usize,
@@ -158,12 +177,17 @@ struct Facts {
 /// files take the new snapshot's sequence number, so no old delete applies
 /// to them. A delete file that applies to no remaining data file is
 /// dropped (then it can apply to nothing), even when no group is rewritten;
-/// until then it stays.
+/// until then it stays. With `position_deletes` (a table that takes
+/// position-delete files), a data file of a chosen group at or above
+/// `target_size` that an equality delete applies to is converted instead
+/// of rewritten ([`Role::Convert`]), and one only position deletes apply
+/// to stays.
 pub fn plan<'a>(
     live: &'a [LiveFile],
     target_size: u64,
     min_files: usize,
     key_ids: &[i32],
+    position_deletes: bool,
 ) -> Option<CompactionPlan<'a>> {
     let mut groups: HashMap<(i32, &Struct), usize> = HashMap::new();
     let facts: Vec<Facts> = live
@@ -181,6 +205,7 @@ pub fn plan<'a>(
             };
             Facts {
                 data,
+                equality: e.content_type() == DataContentType::EqualityDeletes,
                 size: e.file_size_in_bytes(),
                 group,
             }
@@ -207,7 +232,7 @@ pub fn plan<'a>(
         };
         later && key_ranges_overlap(d.data_file(), f.data_file(), key_ids)
     };
-    let (roles, rewritten) = choose(&facts, target_size, min_files, applies)?;
+    let (roles, rewritten) = choose(&facts, target_size, min_files, position_deletes, applies)?;
     Some(CompactionPlan {
         files: live.iter().zip(roles).collect(),
         groups: rewritten,
@@ -257,6 +282,7 @@ fn choose(
     files: &[Facts],
     target_size: u64,
     min_files: usize,
+    convert: bool,
     applies: impl Fn(usize, usize) -> bool,
 ) -> Option<(Vec<Role>, usize)> {
     let deletes: Vec<usize> = (0..files.len()).filter(|i| !files[*i].data).collect();
@@ -270,8 +296,14 @@ fn choose(
                 .collect()
         })
         .collect();
-    let mut hit = vec![false; files.len()];
-    targets.iter().flatten().for_each(|f| hit[*f] = true);
+    // Data files some delete applies to, and some equality delete.
+    let (mut hit, mut hit_by_equality) = (vec![false; files.len()], vec![false; files.len()]);
+    for (d, t) in deletes.iter().zip(&targets) {
+        for f in t {
+            hit[*f] = true;
+            hit_by_equality[*f] |= files[*d].equality;
+        }
+    }
     let groups = files
         .iter()
         .filter(|f| f.data)
@@ -292,15 +324,24 @@ fn choose(
     let chosen: Vec<bool> = candidates.iter().map(|c| *c >= min_files).collect();
     let mut roles: Vec<Role> = files
         .iter()
-        .zip(&hit)
-        .map(|(f, hit)| {
-            let rewrite = f.data && chosen[f.group] && (f.size < target_size || *hit);
-            if rewrite { Role::Rewrite } else { Role::Keep }
+        .enumerate()
+        .map(|(i, f)| match f.data && chosen[f.group] {
+            false => Role::Keep,
+            true if f.size < target_size => Role::Rewrite,
+            true if convert && hit_by_equality[i] => Role::Convert,
+            // Position deletes are already what a conversion writes.
+            true if convert => Role::Keep,
+            true if hit[i] => Role::Rewrite,
+            true => Role::Keep,
         })
         .collect();
-    // A delete that applies to no data file that stays goes.
+    // A delete that applies to no data file that stays as it is goes: the
+    // rewritten files hold its effect, and a converted file's new
+    // position deletes do.
     for (d, t) in deletes.iter().zip(&targets) {
-        if t.iter().all(|f| roles[*f] == Role::Rewrite) {
+        if t.iter()
+            .all(|f| matches!(roles[*f], Role::Rewrite | Role::Convert))
+        {
             roles[*d] = Role::Drop;
         }
     }
@@ -311,7 +352,8 @@ fn choose(
 }
 
 /// Carries out `plan` on the table's current snapshot and builds the
-/// `replace` snapshot; also returns the data files written.
+/// `replace` snapshot; also returns the files written (data files, then
+/// the converted files' position-delete files).
 ///
 /// The deletes are applied here, not by iceberg-rust's scan: its delete
 /// loader can wait forever on a notifier it replaced (apache/iceberg-rust
@@ -346,14 +388,15 @@ pub async fn build_compaction(
         usize::try_from(target_size).unwrap_or(usize::MAX),
         false,
     );
-    for f in plan.with(Role::Rewrite) {
-        let e = &f.entry;
-        let data_seq = e.sequence_number().ok_or_else(|| {
+    let data_seq = |e: &ManifestEntryRef| {
+        e.sequence_number().ok_or_else(|| {
             SinkError::Io(format!(
                 "compacting: {} has no sequence number",
                 e.file_path()
             ))
-        })?;
+        })
+    };
+    let whole_file = |e: &ManifestEntryRef, field_ids: &[i32]| {
         let task = FileScanTask::builder()
             .with_file_size_in_bytes(e.file_size_in_bytes())
             .with_start(0)
@@ -362,11 +405,16 @@ pub async fn build_compaction(
             .with_data_file_path(e.file_path().to_string())
             .with_data_file_format(e.file_format())
             .with_schema(schema.clone())
-            .with_project_field_ids(field_ids.clone())
+            .with_project_field_ids(field_ids.to_vec())
             .with_case_sensitive(true)
             .build();
         let tasks: FileScanTaskStream = Box::pin(futures::stream::iter([Ok(task)]));
-        let mut rows = reader.clone().read(tasks).map_err(&err)?.stream();
+        reader.clone().read(tasks).map_err(&err)
+    };
+    for f in plan.with(Role::Rewrite) {
+        let e = &f.entry;
+        let data_seq = data_seq(e)?;
+        let mut rows = whole_file(e, &field_ids)?.stream();
         // The file is read whole and in order: a batch's first row's
         // position is the rows before it.
         let mut first_row = 0i64;
@@ -379,13 +427,51 @@ pub async fn build_compaction(
             writer.write(batch).await?;
         }
     }
-    let added = writer.close().await?;
+    let mut added = writer.close().await?;
+    // A converted file: its key columns only, and the positions of the
+    // rows the deletes remove.
+    let key_ids: Vec<i32> = schema.identifier_field_ids().collect();
+    let key_arrow: ArrowSchemaRef = Arc::new(
+        arrow
+            .project(deletes.key())
+            .map_err(|e| SinkError::Io(format!("compacting: {e}")))?,
+    );
+    let key: Vec<usize> = (0..key_ids.len()).collect();
+    let mut added_deletes = Vec::new();
+    for f in plan.with(Role::Convert) {
+        let e = &f.entry;
+        let data_seq = data_seq(e)?;
+        let mut rows = whole_file(e, &key_ids)?.stream();
+        let (mut first_row, mut positions) = (0i64, Vec::new());
+        while let Some(batch) = rows.try_next().await.map_err(&err)? {
+            let read = batch.num_rows() as i64;
+            let batch = conform_by_name(&batch, &key_arrow)
+                .map_err(|e| SinkError::Io(format!("compacting: {e}")))?;
+            positions.extend(deletes.deleted_positions(
+                &batch,
+                &key,
+                e.file_path(),
+                data_seq,
+                first_row,
+            )?);
+            first_row += read;
+        }
+        if !positions.is_empty() {
+            let file = write_position_deletes(table, e.data_file(), positions, f.spec_id).await?;
+            added_deletes.push((file, f.spec_id));
+        }
+    }
     let removed: Vec<&LiveFile> = plan
         .with(Role::Rewrite)
         .chain(plan.with(Role::Drop))
         .collect();
-    let kept: Vec<&LiveFile> = plan.with(Role::Keep).collect();
-    let result = commit::build_replace(table, &added, &removed, &kept, manifests).await?;
+    let kept: Vec<&LiveFile> = plan
+        .with(Role::Keep)
+        .chain(plan.with(Role::Convert))
+        .collect();
+    let result =
+        commit::build_replace(table, &added, &added_deletes, &removed, &kept, manifests).await?;
+    added.extend(added_deletes.into_iter().map(|(f, _)| f));
     Ok((result, added))
 }
 
@@ -402,6 +488,7 @@ mod tests {
         (
             Facts {
                 data: true,
+                equality: false,
                 size,
                 group,
             },
@@ -409,10 +496,12 @@ mod tests {
         )
     }
 
+    /// An equality-delete file.
     fn delete(seq: i64) -> File {
         (
             Facts {
                 data: false,
+                equality: true,
                 size: MB,
                 group: usize::MAX,
             },
@@ -420,10 +509,31 @@ mod tests {
         )
     }
 
-    /// `choose` with the sequence-number rule alone.
+    fn position_delete(seq: i64) -> File {
+        let (facts, seq) = delete(seq);
+        (
+            Facts {
+                equality: false,
+                ..facts
+            },
+            seq,
+        )
+    }
+
+    /// `choose` with the sequence-number rule alone, on a table that takes
+    /// position-delete files.
     fn roles(files: &[File], target: u64, min: usize) -> Option<(Vec<Role>, usize)> {
+        roles_of(files, target, min, true)
+    }
+
+    fn roles_of(
+        files: &[File],
+        target: u64,
+        min: usize,
+        convert: bool,
+    ) -> Option<(Vec<Role>, usize)> {
         let facts: Vec<Facts> = files.iter().map(|f| f.0).collect();
-        choose(&facts, target, min, |d, f| files[d].1 > files[f].1)
+        choose(&facts, target, min, convert, |d, f| files[d].1 > files[f].1)
     }
 
     #[test]
@@ -478,11 +588,34 @@ mod tests {
     }
 
     #[test]
-    fn a_large_file_a_delete_applies_to_is_rewritten() {
-        let files = [data(0, MB, 1), data(0, 600 * MB, 2), delete(3)];
+    fn a_large_file_an_equality_delete_applies_to_is_converted() {
+        // Its old position deletes (seq 3) and the equality delete (seq 4)
+        // go: the conversion's position-delete file holds both.
+        let files = [
+            data(0, MB, 1),
+            data(0, 600 * MB, 2),
+            position_delete(3),
+            delete(4),
+        ];
         let (r, _) = roles(&files, 512 * MB, 2).unwrap();
         use Role::*;
-        assert_eq!(r, [Rewrite, Rewrite, Drop]);
+        assert_eq!(r, [Rewrite, Convert, Drop, Drop]);
+        // Format 3 (no position-delete files): rewritten.
+        let (r, _) = roles_of(&files, 512 * MB, 2, false).unwrap();
+        assert_eq!(r, [Rewrite, Rewrite, Drop, Drop]);
+    }
+
+    #[test]
+    fn a_large_file_only_position_deletes_apply_to_stays_with_them() {
+        let files = [
+            data(0, MB, 1),
+            data(0, MB, 2),
+            data(0, 600 * MB, 3),
+            position_delete(4),
+        ];
+        let (r, _) = roles(&files, 512 * MB, 2).unwrap();
+        use Role::*;
+        assert_eq!(r, [Rewrite, Rewrite, Keep, Keep]);
     }
 
     #[test]
@@ -529,7 +662,7 @@ mod tests {
         ];
         let facts: Vec<Facts> = files.iter().map(|f| f.0).collect();
         let applies = |d: usize, f: usize| files[d].1 > files[f].1 && files[f].0.group == 0;
-        let (r, groups) = choose(&facts, 512 * MB, 4, applies).unwrap();
+        let (r, groups) = choose(&facts, 512 * MB, 4, true, applies).unwrap();
         use Role::*;
         assert_eq!(r, [Rewrite, Rewrite, Keep, Drop, Drop]);
         assert_eq!(groups, 1);

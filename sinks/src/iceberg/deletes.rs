@@ -180,9 +180,52 @@ impl DeletedKeys {
         data_seq: i64,
         first_row: i64,
     ) -> Result<RecordBatch, SinkError> {
+        match self.kept(&batch, key, path, data_seq, first_row)? {
+            None => Ok(batch),
+            Some(keep) => {
+                filter_record_batch(&batch, &keep).map_err(|e| SinkError::Io(e.to_string()))
+            }
+        }
+    }
+
+    /// The positions in the data file `path` (of sequence number
+    /// `data_seq`) of the rows of `batch` (its rows from `first_row` on,
+    /// key columns at `key`) that a delete removes, ascending: what a
+    /// position-delete file of that data file must name to remove the same
+    /// rows.
+    pub(super) fn deleted_positions(
+        &self,
+        batch: &RecordBatch,
+        key: &[usize],
+        path: &str,
+        data_seq: i64,
+        first_row: i64,
+    ) -> Result<Vec<i64>, SinkError> {
+        Ok(match self.kept(batch, key, path, data_seq, first_row)? {
+            None => Vec::new(),
+            Some(keep) => keep
+                .iter()
+                .enumerate()
+                .filter(|(_, kept)| *kept == Some(false))
+                .map(|(i, _)| first_row + i as i64)
+                .collect(),
+        })
+    }
+
+    /// Which rows of `batch` no delete removes (see
+    /// [`Self::deleted_positions`]); `None` when no delete can apply to
+    /// the file.
+    fn kept(
+        &self,
+        batch: &RecordBatch,
+        key: &[usize],
+        path: &str,
+        data_seq: i64,
+        first_row: i64,
+    ) -> Result<Option<BooleanArray>, SinkError> {
         let deleted_rows = self.positions.get(path);
         if self.seq.is_empty() && deleted_rows.is_none() {
-            return Ok(batch);
+            return Ok(None);
         }
         let by_key: Option<Vec<bool>> = match self.seq.is_empty() {
             true => None,
@@ -199,15 +242,17 @@ impl DeletedKeys {
                 )
             }
         };
-        let keep: BooleanArray = (0..batch.num_rows())
-            .map(|i| {
-                let key_kept = by_key.as_ref().is_none_or(|k| k[i]);
-                let position_kept = deleted_rows
-                    .is_none_or(|d| d.get(&(first_row + i as i64)).is_none_or(|s| *s < data_seq));
-                Some(key_kept && position_kept)
-            })
-            .collect();
-        filter_record_batch(&batch, &keep).map_err(|e| SinkError::Io(e.to_string()))
+        Ok(Some(
+            (0..batch.num_rows())
+                .map(|i| {
+                    let key_kept = by_key.as_ref().is_none_or(|k| k[i]);
+                    let position_kept = deleted_rows.is_none_or(|d| {
+                        d.get(&(first_row + i as i64)).is_none_or(|s| *s < data_seq)
+                    });
+                    Some(key_kept && position_kept)
+                })
+                .collect(),
+        ))
     }
 }
 

@@ -95,11 +95,15 @@ impl IcebergSink {
             .current_schema()
             .identifier_field_ids()
             .collect();
+        // Format 3 tables take deletion vectors, not position-delete files.
+        let position_deletes =
+            state.table.metadata().format_version() < iceberg::spec::FormatVersion::V3;
         let Some(plan) = compaction::plan(
             &live.files,
             policy.target_file_size,
             policy.min_input_files,
             &key_ids,
+            position_deletes,
         ) else {
             return;
         };
@@ -125,6 +129,7 @@ impl IcebergSink {
                 table = %state.ident,
                 groups = plan.groups,
                 rewritten = plan.with(compaction::Role::Rewrite).count(),
+                converted = plan.with(compaction::Role::Convert).count(),
                 deletes_dropped = plan.with(compaction::Role::Drop).count(),
                 written = added.len(),
                 "compaction: rewrote small files"
