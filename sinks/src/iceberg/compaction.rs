@@ -6,8 +6,9 @@
 //! applies every delete file to every older data file: left alone, a table
 //! gets slower to read with each commit. Once a partition group (one
 //! partition of one spec) has `min_input_files` candidates — data files
-//! below `target_file_size`, and delete files applying to its files — a
-//! pass reads that group's small files and those a delete applies to, with
+//! below `target_file_size`, and delete files applying to files a pass
+//! would act on — a pass reads that group's small files (and, on a format-3
+//! table, the large ones a delete applies to), with
 //! the deletes applied (a delete applies only to data files of a lower
 //! sequence number, as the spec says; one whose exact key bounds are
 //! disjoint from a file's cannot apply to it), writes the rows as data
@@ -16,20 +17,24 @@
 //! with its own sequence numbers (a manifest with no file removed is
 //! carried as it is). The rewritten files get the new snapshot's sequence
 //! number, so no delete they already reflect applies to them again, and
-//! every later batch's deletes do. A delete file is dropped once it applies
-//! to no remaining data file; the deletes are global (unpartitioned), so
-//! they go when every group they touch has been rewritten.
+//! every later batch's deletes do. A delete file is dropped once every
+//! data file it applies to has been rewritten or converted (below); the
+//! deletes are global (unpartitioned), so they go when every group they
+//! touch has been.
 //!
 //! A data file at or above the target size that an equality delete
 //! applies to is not rewritten: only its key columns are read, and the rows
 //! the deletes remove from it are written as one position-delete file
-//! naming it (this pass's, replacing the position-delete files that named
-//! it before), so a table of large files (an initial snapshot's) is not
+//! naming it (this pass's; the position-delete files that named only files
+//! rewritten or converted go), so a table of large files (an initial
+//! snapshot's) is not
 //! rewritten whole each time the stream updates a few of its keys, and
 //! readers skip those rows by position instead of testing every row
 //! against every deleted key (DuckDB: seconds per equality-delete file on
 //! a million rows, milliseconds per position-delete file). A large file
-//! only position deletes apply to is left as it is. Tables of format 3
+//! only position deletes apply to is left as it is, and so is one an
+//! equality delete that must stay (for a group not rewritten) applies to,
+//! lest it be converted again every pass. Tables of format 3
 //! (deletion vectors instead of position-delete files) rewrite it as
 //! before.
 //!
@@ -310,13 +315,30 @@ fn choose(
         .map(|f| f.group + 1)
         .max()
         .unwrap_or(0);
-    // Candidates per group: small files, then deletes applying to any file.
+    // What a pass of the file's group would do something with: a small
+    // file (rewritten), or a large one a delete applies to (converted when
+    // an equality delete does, else left with its position deletes;
+    // rewritten when position-delete files are not an option).
+    let acted_on = |f: usize| {
+        files[f].size < target_size
+            || match convert {
+                true => hit_by_equality[f],
+                false => hit[f],
+            }
+    };
+    // Candidates per group: small files, then deletes applying to a file
+    // a pass would act on (a position-delete file that stays with a large
+    // file, a conversion's own, would otherwise call a pass every turn).
     let mut candidates = vec![0usize; groups];
     for f in files.iter().filter(|f| f.data && f.size < target_size) {
         candidates[f.group] += 1;
     }
     for t in &targets {
-        let mut touched: Vec<usize> = t.iter().map(|f| files[*f].group).collect();
+        let mut touched: Vec<usize> = t
+            .iter()
+            .filter(|f| acted_on(**f))
+            .map(|f| files[*f].group)
+            .collect();
         touched.sort_unstable();
         touched.dedup();
         touched.into_iter().for_each(|g| candidates[g] += 1);
@@ -337,13 +359,30 @@ fn choose(
         .collect();
     // A delete that applies to no data file that stays as it is goes: the
     // rewritten files hold its effect, and a converted file's new
-    // position deletes do.
-    for (d, t) in deletes.iter().zip(&targets) {
-        if t.iter()
-            .all(|f| matches!(roles[*f], Role::Rewrite | Role::Convert))
-        {
-            roles[*d] = Role::Drop;
+    // position deletes do. A converted file keeps its sequence number, so
+    // an equality delete that stays (it applies to a file of a group not
+    // rewritten too) would apply to it again and convert it on every
+    // pass: such a file stays as it is until its equality deletes can go.
+    loop {
+        for (d, t) in deletes.iter().zip(&targets) {
+            let spent = t
+                .iter()
+                .all(|f| matches!(roles[*f], Role::Rewrite | Role::Convert));
+            roles[*d] = if spent { Role::Drop } else { Role::Keep };
         }
+        let stuck: Vec<usize> = (0..files.len())
+            .filter(|f| roles[*f] == Role::Convert)
+            .filter(|f| {
+                deletes
+                    .iter()
+                    .zip(&targets)
+                    .any(|(d, t)| files[*d].equality && roles[*d] == Role::Keep && t.contains(f))
+            })
+            .collect();
+        if stuck.is_empty() {
+            break;
+        }
+        stuck.into_iter().for_each(|f| roles[f] = Role::Keep);
     }
     if roles.iter().all(|r| *r == Role::Keep) {
         return None;
@@ -533,7 +572,18 @@ mod tests {
         convert: bool,
     ) -> Option<(Vec<Role>, usize)> {
         let facts: Vec<Facts> = files.iter().map(|f| f.0).collect();
-        choose(&facts, target, min, convert, |d, f| files[d].1 > files[f].1)
+        choose(&facts, target, min, convert, |d, f| {
+            applies_by_sequence(files, d, f)
+        })
+    }
+
+    /// The spec's rule: an equality delete applies to data files of a lower
+    /// sequence number, a position delete to those of a lower or equal one.
+    fn applies_by_sequence(files: &[File], d: usize, f: usize) -> bool {
+        match files[d].0.equality {
+            true => files[d].1 > files[f].1,
+            false => files[d].1 >= files[f].1,
+        }
     }
 
     #[test]
@@ -603,6 +653,56 @@ mod tests {
         // Format 3 (no position-delete files): rewritten.
         let (r, _) = roles_of(&files, 512 * MB, 2, false).unwrap();
         assert_eq!(r, [Rewrite, Rewrite, Drop, Drop]);
+    }
+
+    #[test]
+    fn position_deletes_that_stay_with_large_files_call_no_pass() {
+        // Four large files, each with the position-delete file its
+        // conversion wrote, and the small output of the last pass: one
+        // candidate, not five, so no pass rewrites that file every turn.
+        let files = [
+            data(0, 600 * MB, 1),
+            data(0, 600 * MB, 2),
+            data(0, 600 * MB, 3),
+            data(0, 600 * MB, 4),
+            position_delete(5),
+            position_delete(5),
+            position_delete(5),
+            position_delete(5),
+            data(0, MB, 5),
+        ];
+        let facts: Vec<Facts> = files.iter().map(|f| f.0).collect();
+        // The position-delete file at index 4 + i names data file i.
+        let applies = |d: usize, f: usize| d - 4 == f;
+        assert!(choose(&facts, 512 * MB, 5, true, applies).is_none());
+        // On a format-3 table the files they name are rewritten.
+        let (r, _) = choose(&facts, 512 * MB, 5, false, applies).unwrap();
+        use Role::*;
+        assert_eq!(
+            r,
+            [
+                Rewrite, Rewrite, Rewrite, Rewrite, Drop, Drop, Drop, Drop, Rewrite
+            ]
+        );
+    }
+
+    #[test]
+    fn a_large_file_an_equality_delete_of_a_group_not_rewritten_applies_to_stays() {
+        // Group 0 (a large file, two small ones) is rewritten, group 1's
+        // small file is not; the equality delete applies to both groups,
+        // so it stays, and the large file is not converted (it would be
+        // again on every pass).
+        let files = [
+            data(0, 600 * MB, 1),
+            data(0, MB, 2),
+            data(0, MB, 3),
+            data(1, MB, 4),
+            delete(5),
+        ];
+        let (r, groups) = roles(&files, 512 * MB, 3).unwrap();
+        use Role::*;
+        assert_eq!(r, [Keep, Rewrite, Rewrite, Keep, Keep]);
+        assert_eq!(groups, 1);
     }
 
     #[test]
