@@ -32,9 +32,9 @@
 //! readers skip those rows by position instead of testing every row
 //! against every deleted key (DuckDB: seconds per equality-delete file on
 //! a million rows, milliseconds per position-delete file). A large file
-//! only position deletes apply to is left as it is, and so is one an
-//! equality delete that must stay (for a group not rewritten) applies to,
-//! lest it be converted again every pass. Tables of format 3
+//! only position deletes apply to is left as it is; one an equality delete
+//! that must stay (for a group not rewritten) applies to is rewritten, as
+//! it would otherwise be converted again every pass. Tables of format 3
 //! (deletion vectors instead of position-delete files) rewrite it as
 //! before.
 //!
@@ -176,17 +176,20 @@ struct Facts {
 /// index decides); a position-delete file, when its sequence number is
 /// not lower and it names the data file (or names none).
 /// The candidates of a partition group (one partition of one spec) are its
-/// data files below `target_size` and the delete files that apply to any of
-/// its data files. In a group that has `min_files` of them, every data file
-/// that is small or has a delete applying to it is rewritten; the rewritten
-/// files take the new snapshot's sequence number, so no old delete applies
-/// to them. A delete file that applies to no remaining data file is
-/// dropped (then it can apply to nothing), even when no group is rewritten;
-/// until then it stays. With `position_deletes` (a table that takes
-/// position-delete files), a data file of a chosen group at or above
-/// `target_size` that an equality delete applies to is converted instead
-/// of rewritten ([`Role::Convert`]), and one only position deletes apply
-/// to stays.
+/// data files below `target_size` and the delete files that apply to one
+/// of its data files a pass would act on (see below). In a group that has
+/// `min_files` of them, every data file that is small or has a delete
+/// applying to it is rewritten; the rewritten files take the new
+/// snapshot's sequence number, so no old delete applies to them. With
+/// `position_deletes` (a table that takes position-delete files), a large
+/// file (at or above `target_size`) that an equality delete applies to is
+/// converted instead ([`Role::Convert`]) unless such a delete must stay
+/// (it applies to a file left as it is: then the file is rewritten, as it
+/// would otherwise be converted again every pass), and one only position
+/// deletes apply to stays as it is and is not acted on. A delete file goes
+/// once every data file it applies to is rewritten or converted (one that
+/// applies to nothing goes even when no group is rewritten); until then
+/// it stays.
 pub fn plan<'a>(
     live: &'a [LiveFile],
     target_size: u64,
@@ -361,28 +364,28 @@ fn choose(
     // rewritten files hold its effect, and a converted file's new
     // position deletes do. A converted file keeps its sequence number, so
     // an equality delete that stays (it applies to a file of a group not
-    // rewritten too) would apply to it again and convert it on every
-    // pass: such a file stays as it is until its equality deletes can go.
-    loop {
-        for (d, t) in deletes.iter().zip(&targets) {
-            let spent = t
+    // rewritten too) would apply to it again and convert it on every pass:
+    // such a file is rewritten instead (then no delete of now applies to
+    // it). Rewritten or converted counts the same for a delete, so one
+    // round settles every role.
+    let spent = |roles: &[Role], t: &[usize]| {
+        t.iter()
+            .all(|f| matches!(roles[*f], Role::Rewrite | Role::Convert))
+    };
+    for f in 0..files.len() {
+        let stuck = roles[f] == Role::Convert
+            && deletes
                 .iter()
-                .all(|f| matches!(roles[*f], Role::Rewrite | Role::Convert));
-            roles[*d] = if spent { Role::Drop } else { Role::Keep };
+                .zip(&targets)
+                .any(|(d, t)| files[*d].equality && t.contains(&f) && !spent(&roles, t));
+        if stuck {
+            roles[f] = Role::Rewrite;
         }
-        let stuck: Vec<usize> = (0..files.len())
-            .filter(|f| roles[*f] == Role::Convert)
-            .filter(|f| {
-                deletes
-                    .iter()
-                    .zip(&targets)
-                    .any(|(d, t)| files[*d].equality && roles[*d] == Role::Keep && t.contains(f))
-            })
-            .collect();
-        if stuck.is_empty() {
-            break;
+    }
+    for (d, t) in deletes.iter().zip(&targets) {
+        if spent(&roles, t) {
+            roles[*d] = Role::Drop;
         }
-        stuck.into_iter().for_each(|f| roles[f] = Role::Keep);
     }
     if roles.iter().all(|r| *r == Role::Keep) {
         return None;
@@ -687,21 +690,28 @@ mod tests {
     }
 
     #[test]
-    fn a_large_file_an_equality_delete_of_a_group_not_rewritten_applies_to_stays() {
-        // Group 0 (a large file, two small ones) is rewritten, group 1's
-        // small file is not; the equality delete applies to both groups,
-        // so it stays, and the large file is not converted (it would be
-        // again on every pass).
+    fn a_large_file_an_equality_delete_of_a_group_not_rewritten_applies_to_is_rewritten() {
+        // Group 0 (a large file, two small ones) is compacted, group 1's
+        // small file is not; the equality delete of seq 5 applies to both
+        // groups, so it stays, and the large file is rewritten (converted,
+        // that delete would apply to it again and convert it every pass).
+        // The delete of seq 6 applies to the large file only: it goes.
         let files = [
             data(0, 600 * MB, 1),
             data(0, MB, 2),
             data(0, MB, 3),
             data(1, MB, 4),
             delete(5),
+            delete(6),
         ];
-        let (r, groups) = roles(&files, 512 * MB, 3).unwrap();
+        let facts: Vec<Facts> = files.iter().map(|f| f.0).collect();
+        let applies = |d: usize, f: usize| match d {
+            5 => f == 0,
+            _ => applies_by_sequence(&files, d, f),
+        };
+        let (r, groups) = choose(&facts, 512 * MB, 3, true, applies).unwrap();
         use Role::*;
-        assert_eq!(r, [Keep, Rewrite, Rewrite, Keep, Keep]);
+        assert_eq!(r, [Rewrite, Rewrite, Rewrite, Keep, Keep, Drop]);
         assert_eq!(groups, 1);
     }
 
