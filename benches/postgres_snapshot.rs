@@ -202,6 +202,20 @@ fn main() {
             uri = server.uri,
             d = lake.display()
         );
+        // The table's current metadata, and DuckDB's count(*) over the
+        // table as it is now, printed after `moment`.
+        let location = || {
+            runtime.block_on(support::metadata_location(
+                &lake.join("catalog.db"),
+                "b",
+                "orders",
+            ))
+        };
+        let time_count = |moment: &str| {
+            let count = support::duckdb_time_count(&location());
+            println!("postgres_snapshot: {moment}, {}", count.describe());
+            count
+        };
         let writer = runtime.spawn(update_rows(server.uri.clone(), rows, writes, run as u64));
         let (report, m) = measure(|| runtime.block_on(support::run_to_end(&text)));
         m.print(&format!("Iceberg, snapshot_parallelism {p}"), rows, lower);
@@ -214,16 +228,7 @@ fn main() {
         if read_back {
             // What the issue times: a reader right after the snapshot,
             // whose deletes are the writer's changes during it.
-            let loc = runtime.block_on(support::metadata_location(
-                &lake.join("catalog.db"),
-                "b",
-                "orders",
-            ));
-            let count = support::duckdb_time_count(&loc);
-            println!(
-                "postgres_snapshot: right after the snapshot run, {}",
-                count.describe()
-            );
+            time_count("right after the snapshot run");
         }
         // The run ends once caught up with the WAL as it was when it
         // started streaming: a second run (not timed) takes the writes
@@ -231,22 +236,14 @@ fn main() {
         runtime.block_on(writer).unwrap();
         runtime.block_on(support::run_to_end(&text));
         println!("postgres_snapshot: {writes} updates by a concurrent writer during the snapshot");
-        let loc = runtime.block_on(support::metadata_location(
-            &lake.join("catalog.db"),
-            "b",
-            "orders",
-        ));
         let files = data_files(&lake.join("warehouse"));
         println!(
             "postgres_snapshot: Iceberg: {} commits by the timed run; {} data files, {} delete files in the end (snapshot rows are plain appends; deletes are for the keys the writer touched)",
             route.commits, files.0, files.1
         );
         if read_back {
-            let count = support::duckdb_time_count(&loc);
-            println!(
-                "postgres_snapshot: after the second run (the writes streamed after the snapshot too), {}",
-                count.describe()
-            );
+            let count =
+                time_count("after the second run (the writes streamed after the snapshot too)");
             assert_eq!(count.table_rows, rows as u64, "DuckDB counts every row");
             // A third run (not timed) streams a few more writes with
             // compaction on, at the sink's file size: a file of that size
@@ -267,20 +264,11 @@ fn main() {
             let compacting =
                 text.replace("namespace = 'b'", &format!("namespace = 'b'{compaction}"));
             runtime.block_on(support::run_to_end(&compacting));
-            let loc = runtime.block_on(support::metadata_location(
-                &lake.join("catalog.db"),
-                "b",
-                "orders",
-            ));
-            let count = support::duckdb_time_count(&loc);
-            println!(
-                "postgres_snapshot: after a third run with compaction (100 more writes), {}",
-                count.describe()
-            );
+            let count = time_count("after a third run with compaction (100 more writes)");
             assert_eq!(count.table_rows, rows as u64, "DuckDB counts every row");
             let want = runtime.block_on(digest(&server.uri));
             let started = Instant::now();
-            let got = support::duckdb_select(&loc, DUCKDB_DIGEST);
+            let got = support::duckdb_select(&location(), DUCKDB_DIGEST);
             let got: Vec<i64> = DIGEST.iter().map(|k| got[k].as_i64().unwrap()).collect();
             println!(
                 "postgres_snapshot: DuckDB read the digest in {:.2} s",

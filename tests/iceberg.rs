@@ -1798,6 +1798,33 @@ fn query_id_v(p: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// `text` (an [`id_v_pipeline`]) written to `p` and planned, its table
+/// prepared: the pipeline's sink, to commit batches to by hand.
+async fn planned_at(p: &Path, text: &str) -> urutau_planner::plan::PipelinePlan {
+    std::fs::write(p, text).unwrap();
+    let plan = common::plan_sql(text).await.unwrap();
+    let r = &plan.routes[0];
+    r.sink.ensure_table(&r.target).await.unwrap();
+    plan
+}
+
+/// DuckDB, Iceberg's Java reader and `urutau query` (our reader) read
+/// `lake.t` (metadata at `loc`) of the [`id_v_pipeline`] at `p` as
+/// `expected`, ordered by id.
+fn assert_every_reader_reads(python: &Path, loc: &str, p: &Path, expected: &[Value], when: &str) {
+    assert_eq!(
+        common::duckdb_rows(python, loc, "id"),
+        expected,
+        "DuckDB {when}"
+    );
+    assert_eq!(
+        common::iceberg_java_rows(loc, "id"),
+        expected,
+        "Java {when}"
+    );
+    assert_eq!(query_id_v(p), expected, "urutau query {when}");
+}
+
 /// Another engine's row-level delete: one position-delete file naming
 /// three of the sink's data files (no single referenced data file, as
 /// Spark's merge-on-read DELETE writes them), written and committed by
@@ -1812,10 +1839,8 @@ async fn another_engines_position_deletes_of_several_files_are_read_and_compacte
     let dir = tempfile::tempdir().unwrap();
     let text = id_v_pipeline(dir.path(), "fp");
     let p = dir.path().join("p.sql");
-    std::fs::write(&p, &text).unwrap();
-    let plan = common::plan_sql(&text).await.unwrap();
+    let plan = planned_at(&p, &text).await;
     let r = &plan.routes[0];
-    r.sink.ensure_table(&r.target).await.unwrap();
     // Three commits: three data files of keys 1-4, 5-8 and 9-12.
     for (first, position) in [(1, "10"), (5, "20"), (9, "30")] {
         let rows: Vec<(i64, &str, bool)> = (first..first + 4).map(|i| (i, "a", false)).collect();
@@ -1843,9 +1868,7 @@ async fn another_engines_position_deletes_of_several_files_are_read_and_compacte
         .filter(|i| ![2, 6, 10].contains(i))
         .map(|i| json!({"id": i, "v": "a"}))
         .collect();
-    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
-    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
-    assert_eq!(query_id_v(&p), expected, "urutau query");
+    assert_every_reader_reads(&python, &loc, &p, &expected, "");
 
     // The sink's next commit, with compaction due after it.
     let text = edit(
@@ -1853,10 +1876,8 @@ async fn another_engines_position_deletes_of_several_files_are_read_and_compacte
         "namespace = 'fp'",
         "namespace = 'fp', maintenance_enabled = true, maintenance_compaction_interval = '0s', maintenance_compaction_min_input_files = 2",
     );
-    std::fs::write(&p, &text).unwrap();
-    let plan = common::plan_sql(&text).await.unwrap();
+    let plan = planned_at(&p, &text).await;
     let r = &plan.routes[0];
-    r.sink.ensure_table(&r.target).await.unwrap();
     let batch = id_v_batch(r.target.arrow_schema(), &[(6, "b", false), (3, "b", false)]);
     r.sink.commit(&r.target, &batch, "40").await.unwrap();
     let loc = location().await.unwrap();
@@ -1879,9 +1900,7 @@ async fn another_engines_position_deletes_of_several_files_are_read_and_compacte
         .filter(|i| ![2, 10].contains(i))
         .map(|i| json!({"id": i, "v": if i == 3 || i == 6 { "b" } else { "a" }}))
         .collect();
-    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
-    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
-    assert_eq!(query_id_v(&p), expected, "urutau query after compaction");
+    assert_every_reader_reads(&python, &loc, &p, &expected, "after compaction");
 }
 
 /// Compaction converts instead of rewriting: a data file at or above the
@@ -1896,10 +1915,8 @@ async fn compaction_turns_equality_deletes_on_a_large_file_into_its_position_del
     let dir = tempfile::tempdir().unwrap();
     let text = id_v_pipeline(dir.path(), "cv");
     let p = dir.path().join("p.sql");
-    std::fs::write(&p, &text).unwrap();
-    let plan = common::plan_sql(&text).await.unwrap();
+    let plan = planned_at(&p, &text).await;
     let r = &plan.routes[0];
-    r.sink.ensure_table(&r.target).await.unwrap();
     let values: Vec<String> = (1..=20_000).map(|i| format!("value {i}")).collect();
     let large: Vec<(i64, &str, bool)> = (1..=20_000)
         .map(|i| (i, values[i as usize - 1].as_str(), false))
@@ -1953,10 +1970,8 @@ async fn compaction_turns_equality_deletes_on_a_large_file_into_its_position_del
         "namespace = 'cv', maintenance_enabled = true, maintenance_compaction_interval = '0s',
   maintenance_compaction_min_input_files = 3, maintenance_compaction_target_file_size = '16KiB'",
     );
-    std::fs::write(&p, &text).unwrap();
-    let plan = common::plan_sql(&text).await.unwrap();
+    let plan = planned_at(&p, &text).await;
     let r = &plan.routes[0];
-    r.sink.ensure_table(&r.target).await.unwrap();
     let batch = id_v_batch(r.target.arrow_schema(), &[(40, "d", false)]);
     r.sink.commit(&r.target, &batch, "40").await.unwrap();
     let loc = common::catalog_metadata_location(&db, "cv", "t")
@@ -1993,9 +2008,7 @@ async fn compaction_turns_equality_deletes_on_a_large_file_into_its_position_del
         "no equality delete left"
     );
     let after = expected(&[(10, "c"), (20, "b"), (40, "d")]);
-    assert_eq!(common::duckdb_rows(&python, &loc, "id"), after);
-    assert_eq!(common::iceberg_java_rows(&loc, "id"), after);
-    assert_eq!(query_id_v(&p), after, "urutau query after compaction");
+    assert_every_reader_reads(&python, &loc, &p, &after, "after compaction");
 }
 
 /// A snapshot group's held changes to keys it appended itself remove the
@@ -2011,11 +2024,9 @@ async fn held_changes_to_keys_a_snapshot_group_appended_are_position_deletes() {
     let dir = tempfile::tempdir().unwrap();
     let text = id_v_pipeline(dir.path(), "pd");
     let p = dir.path().join("p.sql");
-    std::fs::write(&p, &text).unwrap();
-    let plan = common::plan_sql(&text).await.unwrap();
+    let plan = planned_at(&p, &text).await;
     let r = &plan.routes[0];
     let batch = |rows: &[(i64, &str, bool)]| id_v_batch(r.target.arrow_schema(), rows);
-    r.sink.ensure_table(&r.target).await.unwrap();
     r.sink
         .commit(&r.target, &batch(&[(100, "x", false)]), "5")
         .await
@@ -2047,10 +2058,7 @@ async fn held_changes_to_keys_a_snapshot_group_appended_are_position_deletes() {
     // was committed before it: by equality.
     assert_eq!(records(&loc, 1), vec![3], "one position-delete file");
     assert_eq!(records(&loc, 2), vec![1], "one equality delete");
-    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
-    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
-    let ours = query_id_v;
-    assert_eq!(ours(&p), expected, "urutau query");
+    assert_every_reader_reads(&python, &loc, &p, &expected, "");
     drop(plan);
 
     // Compaction applies them.
@@ -2058,10 +2066,8 @@ async fn held_changes_to_keys_a_snapshot_group_appended_are_position_deletes() {
         "namespace = 'pd'",
         "namespace = 'pd', maintenance_enabled = true, maintenance_compaction_interval = '0s', maintenance_compaction_min_input_files = 2",
     );
-    std::fs::write(&p, &text).unwrap();
-    let plan = common::plan_sql(&text).await.unwrap();
+    let plan = planned_at(&p, &text).await;
     let r = &plan.routes[0];
-    r.sink.ensure_table(&r.target).await.unwrap();
     let batch = id_v_batch(r.target.arrow_schema(), &[(13, "a", false)]);
     r.sink.commit(&r.target, &batch, "40").await.unwrap();
     let loc = common::catalog_metadata_location(&dir.path().join("catalog.db"), "pd", "t")
@@ -2073,9 +2079,7 @@ async fn held_changes_to_keys_a_snapshot_group_appended_are_position_deletes() {
         "position deletes applied"
     );
     expected.insert(10, json!({"id": 13, "v": "a"}));
-    assert_eq!(common::duckdb_rows(&python, &loc, "id"), expected);
-    assert_eq!(common::iceberg_java_rows(&loc, "id"), expected);
-    assert_eq!(ours(&p), expected, "urutau query after compaction");
+    assert_every_reader_reads(&python, &loc, &p, &expected, "after compaction");
 }
 
 /// A transaction staged in parts while another writer commits to the

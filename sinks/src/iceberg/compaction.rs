@@ -366,25 +366,24 @@ fn choose(
     // an equality delete that stays (it applies to a file of a group not
     // rewritten too) would apply to it again and convert it on every pass:
     // such a file is rewritten instead (then no delete of now applies to
-    // it). Rewritten or converted counts the same for a delete, so one
-    // round settles every role.
-    let spent = |roles: &[Role], t: &[usize]| {
-        t.iter()
-            .all(|f| matches!(roles[*f], Role::Rewrite | Role::Convert))
-    };
-    for f in 0..files.len() {
-        let stuck = roles[f] == Role::Convert
-            && deletes
-                .iter()
-                .zip(&targets)
-                .any(|(d, t)| files[*d].equality && t.contains(&f) && !spent(&roles, t));
-        if stuck {
-            roles[f] = Role::Rewrite;
-        }
-    }
-    for (d, t) in deletes.iter().zip(&targets) {
-        if spent(&roles, t) {
+    // it). Rewritten or converted counts the same for a delete, so which
+    // deletes go is known before that change.
+    let spent: Vec<bool> = targets
+        .iter()
+        .map(|t| {
+            t.iter()
+                .all(|f| matches!(roles[*f], Role::Rewrite | Role::Convert))
+        })
+        .collect();
+    for ((d, t), spent) in deletes.iter().zip(&targets).zip(&spent) {
+        if *spent {
             roles[*d] = Role::Drop;
+        } else if files[*d].equality {
+            for f in t {
+                if roles[*f] == Role::Convert {
+                    roles[*f] = Role::Rewrite;
+                }
+            }
         }
     }
     if roles.iter().all(|r| *r == Role::Keep) {
