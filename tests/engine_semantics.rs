@@ -909,3 +909,39 @@ async fn a_declared_table_is_the_contract_of_a_schemaless_source() {
         );
     }
 }
+
+/// A Kafka source parses its messages' headers only for a table whose
+/// routes read the `headers` metadata column (librdkafka parses and
+/// allocates them for every message it is asked about): the plan says
+/// which tables do, from the routes' projections and filters. Planning
+/// connects to no broker.
+#[tokio::test]
+async fn the_plan_says_which_tables_routes_read_message_headers() {
+    let store = common::unique("reads-headers");
+    let text = format!(
+        "CREATE SOURCE k FROM kafka WITH (brokers = '127.0.0.1:1', format = 'raw');
+         CREATE SINK m INTO memory WITH (store = '{store}');
+         CREATE TABLE k.plain (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+         CREATE TABLE k.selected (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+         CREATE TABLE k.filtered (id BIGINT NOT NULL, v VARCHAR, PRIMARY KEY (id));
+         CREATE TABLE m.plain AS SELECT id, v, _msg_key AS k FROM k.plain;
+         CREATE TABLE m.plain2 AS SELECT id FROM k.plain;
+         CREATE TABLE m.selected AS SELECT id, v FROM k.selected;
+         CREATE TABLE m.selected2 AS SELECT id, _headers AS h FROM k.selected;
+         CREATE TABLE m.filtered AS SELECT id, v FROM k.filtered WHERE _headers IS NOT NULL;"
+    );
+    let plan = common::plan_sql(&text).await.unwrap();
+    let reads: BTreeMap<String, bool> = plan.sources[0]
+        .tables
+        .iter()
+        .map(|t| (t.table.join("."), t.reads_headers))
+        .collect();
+    assert_eq!(
+        reads,
+        BTreeMap::from([
+            ("filtered".to_string(), true),
+            ("plain".to_string(), false),
+            ("selected".to_string(), true),
+        ])
+    );
+}

@@ -59,6 +59,17 @@ pub struct BoundRoute {
     pub key_source_columns: Vec<String>,
 }
 
+impl BoundRoute {
+    /// Whether the route's projection or filter reads the scan column
+    /// `name` (a context column a source may spare producing otherwise).
+    pub fn reads_column(&self, name: &str) -> bool {
+        self.projection
+            .iter()
+            .chain(&self.filter)
+            .any(|e| e.column_refs().iter().any(|c| c.name == name))
+    }
+}
+
 /// Everything binding needs to know about the route's source.
 pub struct SourceContext<'a> {
     pub def: &'a SourceKindDef,

@@ -30,6 +30,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use datafusion::prelude::SessionConfig;
 
 use crate::bind::{BoundRoute, SourceContext, bind_route};
+use crate::context;
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::evolution::{SchemaChanges, merge_with_catalog};
 use crate::feed::RouteFeed;
@@ -78,6 +79,10 @@ pub struct SourceTablePlan {
     /// routes says so (a change cannot be followed for one route and
     /// refused for another of the same stream).
     pub schema_changes: SchemaChanges,
+    /// Whether any route reads the `headers` metadata column: a source of
+    /// messages spares parsing every message's headers when none does
+    /// (the column is then NULL, and nothing reads it).
+    pub reads_headers: bool,
 }
 
 /// Shapes a run asks source tables to be planned with, keyed by (source,
@@ -295,6 +300,7 @@ pub async fn plan_pipeline_with(
             }
         };
         let needs = BeforeImages::for_route(bound.target.mode, &bound.key_source_columns);
+        let reads_headers = bound.reads_column(context::HEADERS);
         match source_plan
             .tables
             .iter_mut()
@@ -307,6 +313,7 @@ pub async fn plan_pipeline_with(
                 if bound.settings.schema_changes == SchemaChanges::Fail {
                     t.schema_changes = SchemaChanges::Fail;
                 }
+                t.reads_headers |= reads_headers;
             }
             None => source_plan.tables.push(SourceTablePlan {
                 table: route.source_table.parts.clone(),
@@ -319,6 +326,7 @@ pub async fn plan_pipeline_with(
                 routes: vec![index],
                 before_images: needs,
                 schema_changes: bound.settings.schema_changes,
+                reads_headers,
             }),
         }
         let schema_changes = bound.settings.schema_changes;

@@ -7,7 +7,6 @@
 //! failed half-way has left its columns uneven.
 
 use std::collections::HashSet;
-use std::fmt::Write as _;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -415,15 +414,15 @@ impl MessageDecoder {
         }
         if t.decoder.open_rows() > 0 {
             // A message is a transaction of its own: its rows' position is
-            // its partition's next offset.
+            // its partition's next offset (`topic:pN=offset`, written
+            // without the formatting machinery: it runs for every message).
+            let mut digits = itoa::Buffer::new();
             self.pos_text.clear();
-            let _ = write!(
-                self.pos_text,
-                "{}:p{}={}",
-                t.topic,
-                m.partition,
-                m.offset + 1
-            );
+            self.pos_text.push_str(&t.topic);
+            self.pos_text.push_str(":p");
+            self.pos_text.push_str(digits.format(m.partition));
+            self.pos_text.push('=');
+            self.pos_text.push_str(digits.format(m.offset + 1));
             t.decoder.close_transaction(&self.pos_text);
         }
         Ok(())

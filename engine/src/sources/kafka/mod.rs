@@ -321,6 +321,7 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
         exit_when_caught_up: args.exit_when_caught_up,
         policy: args.policy,
         metadata_refresh: refresh,
+        headers: args.plan.tables.iter().any(|t| t.reads_headers),
     };
     // Decoding lanes: batches are decoded on as many threads as there are
     // cores (up to MAX_LANES), each lane a decoder of its own, and put
