@@ -803,6 +803,59 @@ async fn a_value_that_does_not_fit_names_line_field_and_value() {
     );
 }
 
+/// The envelope and row images are read by a structural scan, each field's
+/// text by its column's type: what is not JSON still stops the run, naming
+/// the line and, inside a row image, the field.
+#[tokio::test]
+async fn text_that_is_not_json_names_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::unique("notjson");
+    let good =
+        r#"{"op":"c","after":{"id":1,"n":5,"j":{"a":[1]}},"source":{"table":"t","ts_ms":1}}"#;
+    for (i, (bad, says)) in [
+        (
+            r#"{"op":"c","after":{"id":2,"n":05},"source":{"table":"t"}}"#,
+            "field `n`: 05 is not a JSON value",
+        ),
+        (
+            r#"{"op":"c","after":{"id":2,"j":{"a":1,}},"source":{"table":"t"}}"#,
+            "field `j`: {\"a\":1,} is not JSON",
+        ),
+        (
+            r#"{"op":"c","after":{"id":2 "n":1},"source":{"table":"t"}}"#,
+            "the row image is not a JSON object: expected `,` or `}` at byte 8",
+        ),
+        (
+            r#"{"op":"c","op":"u","after":{"id":2},"source":{"table":"t"}}"#,
+            "malformed change event: duplicate field `op`",
+        ),
+        (
+            r#"{"op":"c","after":{"id":2},"source":{"table":"t","ts_ms":"x"}}"#,
+            "`source`: `ts_ms`: \"x\" is not an integer",
+        ),
+        (
+            r#"{"op":"c","after":{"id":2},"source":{"table":"t"}} x"#,
+            "text after the object",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let path = dir.path().join(format!("bad{i}.jsonl"));
+        write_lines(&path, &[good.to_string(), bad.to_string()]);
+        let text = format!(
+            "CREATE SOURCE s FROM file WITH (path = '{}');
+             CREATE SINK m INTO memory WITH (store = '{store}{i}');
+             CREATE TABLE s.t (id BIGINT NOT NULL, n INT, j JSON, PRIMARY KEY (id));
+             CREATE TABLE m.t AS SELECT id, n, j FROM s.t;",
+            path.display()
+        );
+        let msg = run(&text).await.unwrap_err().to_string();
+        assert!(msg.contains(&format!("{}:2:", path.display())), "{msg}");
+        assert!(msg.contains(says), "{bad}: {msg}");
+    }
+}
+
 #[tokio::test]
 async fn a_directory_is_read_in_name_order_and_resumed_by_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,6 @@ use std::hash::{Hash, Hasher as _};
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use urutau_planner::evolution::{SchemaChange, SchemaChanges, promotes};
 use urutau_planner::plan::BeforeImages;
 use urutau_planner::registry::SourceTableSchema;
@@ -19,84 +18,160 @@ use urutau_planner::spec::{ColumnSpec, Ident};
 use urutau_planner::types::CanonicalType;
 
 use super::decode::{Logical, TimeUnitOf, top_level_fields_differ};
+use super::json_text;
 use crate::change_batch::RowKind;
 
 /// A Debezium event's envelope (a `payload` wrapper is opened by
-/// [`parse_event`]).
-#[derive(Deserialize)]
+/// [`parse_event`]); row images and ids as their JSON text, `null` as
+/// `None`.
+#[derive(Default)]
 pub struct Envelope<'a> {
-    #[serde(borrow, default)]
     pub op: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    pub before: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    pub after: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    pub before: Option<&'a str>,
+    pub after: Option<&'a str>,
     pub source: Option<SourceInfo<'a>>,
-    #[serde(borrow, default)]
-    pub transaction: Option<TransactionInfo<'a>>,
-    #[serde(borrow, default)]
-    pub payload: Option<&'a RawValue>,
-    /// Kafka Connect's schema part (`value.converter.schemas.enable`).
-    #[serde(borrow, default)]
-    pub schema: Option<&'a RawValue>,
+    /// `transaction.id` (Debezium's transaction metadata).
+    pub transaction_id: Option<&'a str>,
 }
 
 /// `source` of an envelope: where the change was read.
-#[derive(Deserialize)]
+#[derive(Default)]
 pub struct SourceInfo<'a> {
-    #[serde(borrow, default)]
     pub table: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     pub schema: Option<Cow<'a, str>>,
-    #[serde(default)]
     pub ts_ms: Option<i64>,
-    #[serde(borrow, default, rename = "txId")]
-    pub tx_id: Option<&'a RawValue>,
-}
-
-/// `transaction` of an envelope (Debezium's transaction metadata).
-#[derive(Deserialize)]
-pub struct TransactionInfo<'a> {
-    #[serde(borrow, default)]
-    pub id: Option<&'a RawValue>,
+    /// `txId`, as its JSON text.
+    pub tx_id: Option<&'a str>,
 }
 
 /// One event, its wrapper opened: the envelope and the schema part, if any.
 pub struct Event<'a> {
     pub envelope: Envelope<'a>,
-    pub schema: Option<&'a RawValue>,
+    pub schema: Option<&'a str>,
 }
 
-/// Parses an event's text (bare or `{"schema", "payload"}`).
+/// Parses an event's text (bare or `{"schema", "payload"}`). Only the
+/// envelope's structure is scanned here: the row images are left as text
+/// for the typed decoder, which reads each once (see
+/// [`super::json_text`]).
 pub fn parse_event(text: &str) -> Result<Event<'_>, String> {
-    let outer: Envelope =
-        serde_json::from_str(text).map_err(|e| format!("malformed change event: {e}"))?;
+    let outer = scan_envelope(text).map_err(|e| format!("malformed change event: {e}"))?;
     match outer.payload {
         Some(p) => {
-            let envelope: Envelope = serde_json::from_str(p.get())
-                .map_err(|e| format!("malformed change event payload: {e}"))?;
+            let inner =
+                scan_envelope(p).map_err(|e| format!("malformed change event payload: {e}"))?;
             Ok(Event {
-                envelope,
+                envelope: inner.envelope,
                 schema: outer.schema,
             })
         }
         None => Ok(Event {
+            envelope: outer.envelope,
             schema: outer.schema,
-            envelope: outer,
         }),
+    }
+}
+
+/// An object read as an envelope, with the wrapper's fields.
+struct Scanned<'a> {
+    envelope: Envelope<'a>,
+    payload: Option<&'a str>,
+    /// Kafka Connect's schema part (`value.converter.schemas.enable`).
+    schema: Option<&'a str>,
+}
+
+/// The envelope fields of one object; a field given twice is an error.
+fn scan_envelope(text: &str) -> Result<Scanned<'_>, String> {
+    let mut out = Scanned {
+        envelope: Envelope::default(),
+        payload: None,
+        schema: None,
+    };
+    let mut seen = Seen::default();
+    for field in json_text::fields(text) {
+        let (key, raw) = field?;
+        let env = &mut out.envelope;
+        match key.as_ref() {
+            "op" => seen.once("op", &mut env.op, raw, json_text::string)?,
+            "before" => seen.once("before", &mut env.before, raw, Ok)?,
+            "after" => seen.once("after", &mut env.after, raw, Ok)?,
+            "source" => seen.once("source", &mut env.source, raw, scan_source)?,
+            "transaction" => {
+                seen.once("transaction", &mut env.transaction_id, raw, |r| {
+                    Ok(field_text(r, "id")?.filter(|id| !json_text::is_null(id)))
+                })?;
+            }
+            "payload" => seen.once("payload", &mut out.payload, raw, Ok)?,
+            "schema" => seen.once("schema", &mut out.schema, raw, Ok)?,
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// `source`'s fields.
+fn scan_source(text: &str) -> Result<SourceInfo<'_>, String> {
+    let mut s = SourceInfo::default();
+    let mut seen = Seen::default();
+    for field in json_text::fields(text) {
+        let (key, raw) = field?;
+        match key.as_ref() {
+            "table" => seen.once("table", &mut s.table, raw, json_text::string)?,
+            "schema" => seen.once("schema", &mut s.schema, raw, json_text::string)?,
+            "ts_ms" => seen.once("ts_ms", &mut s.ts_ms, raw, json_text::integer)?,
+            "txId" => seen.once("txId", &mut s.tx_id, raw, Ok)?,
+            _ => {}
+        }
+    }
+    Ok(s)
+}
+
+/// The text of field `name` of an object (`None`: absent).
+fn field_text<'a>(text: &'a str, name: &str) -> Result<Option<&'a str>, String> {
+    for field in json_text::fields(text) {
+        let (key, raw) = field?;
+        if key == name {
+            return Ok(Some(raw));
+        }
+    }
+    Ok(None)
+}
+
+/// The fields of one object already read: each may be given once (no
+/// allocation: it runs for every event).
+#[derive(Default)]
+struct Seen {
+    names: [&'static str; 8],
+    len: usize,
+}
+
+impl Seen {
+    /// Reads `raw` into `slot` with `read` (`null` leaves it `None`).
+    fn once<'a, T, R: Into<Option<T>>>(
+        &mut self,
+        name: &'static str,
+        slot: &mut Option<T>,
+        raw: &'a str,
+        read: impl FnOnce(&'a str) -> Result<R, String>,
+    ) -> Result<(), String> {
+        if self.names[..self.len].contains(&name) {
+            return Err(format!("duplicate field `{name}`"));
+        }
+        self.names[self.len] = name;
+        self.len += 1;
+        if !json_text::is_null(raw) {
+            *slot = read(raw).map_err(|e| format!("`{name}`: {e}"))?.into();
+        }
+        Ok(())
     }
 }
 
 impl Envelope<'_> {
     /// The event's transaction id (`transaction.id`, else `source.txId`).
     pub fn transaction_id(&self) -> Option<String> {
-        self.transaction
-            .as_ref()
-            .and_then(|t| t.id)
+        self.transaction_id
             .or(self.source.as_ref().and_then(|s| s.tx_id))
-            .map(|r| r.get().to_string())
-            .filter(|r| r != "null")
+            .map(str::to_string)
     }
 
     /// When the change was committed at the source (`source.ts_ms`), in
@@ -110,7 +185,7 @@ impl Envelope<'_> {
 }
 
 /// The row images of one event (at most two), in emission order.
-pub type RowImages<'a> = [Option<(RowKind, &'a RawValue)>; 2];
+pub type RowImages<'a> = [Option<(RowKind, &'a str)>; 2];
 
 /// What an event means for a routed table.
 pub enum EventRows<'a> {
@@ -127,12 +202,12 @@ pub enum EventRows<'a> {
 /// `before_images`; an error names what is wrong with the event.
 pub fn row_images<'a>(
     op: &str,
-    before: Option<&'a RawValue>,
-    after: Option<&'a RawValue>,
+    before: Option<&'a str>,
+    after: Option<&'a str>,
     before_images: &BeforeImages,
 ) -> Result<EventRows<'a>, String> {
-    let need = |kind: RowKind, image: Option<&'a RawValue>| match image {
-        Some(i) if i.get() != "null" => Ok((kind, i)),
+    let need = |kind: RowKind, image: Option<&'a str>| match image {
+        Some(i) if !json_text::is_null(i) => Ok((kind, i)),
         _ => Err(format!(
             "op `{op}` needs `{}`, which is null or missing",
             if kind == RowKind::Delete {
@@ -156,13 +231,13 @@ pub fn row_images<'a>(
         // so the order does not matter.
         "u" => {
             let after = need(RowKind::Update, after)?;
-            let before = before.filter(|b| b.get() != "null");
+            let before = before.filter(|b| !json_text::is_null(b));
             let wants = match (before, before_images) {
                 (None, _) | (_, BeforeImages::Never) => false,
                 (Some(_), BeforeImages::Always) => true,
                 (Some(b), BeforeImages::OnKeyChange(columns)) => {
                     // Not a plain object: the full decode will say why.
-                    top_level_fields_differ(b.get(), after.1.get(), columns)
+                    top_level_fields_differ(b, after.1, columns)
                 }
             };
             EventRows::Rows {
@@ -482,8 +557,7 @@ type ParsedSchema = (Box<str>, Arc<ConnectFields>);
 
 impl SchemaCache {
     /// The encodings of `schema` (parsed on first sight).
-    pub fn get(&mut self, schema: &RawValue) -> Result<Arc<ConnectFields>, String> {
-        let text = schema.get();
+    pub fn get(&mut self, text: &str) -> Result<Arc<ConnectFields>, String> {
         let mut h = std::hash::BuildHasher::build_hasher(&foldhash::quality::FixedState::default());
         text.hash(&mut h);
         let bucket = self.parsed.entry(h.finish()).or_default();
@@ -533,9 +607,8 @@ mod tests {
         assert_eq!(f.fields["d"], Logical::Epoch(TimeUnitOf::Days));
         assert_eq!(f.fields["ts"], Logical::Plain);
         let mut cache = SchemaCache::default();
-        let raw: &RawValue = serde_json::from_str(schema).unwrap();
-        let a = cache.get(raw).unwrap();
-        let b = cache.get(raw).unwrap();
+        let a = cache.get(schema).unwrap();
+        let b = cache.get(schema).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
     }
 
@@ -620,7 +693,7 @@ mod tests {
         for text in [bare, wrapped.as_str()] {
             let e = parse_event(text).unwrap();
             assert_eq!(e.envelope.op.as_deref(), Some("c"));
-            assert_eq!(e.envelope.after.unwrap().get(), r#"{"id":1}"#);
+            assert_eq!(e.envelope.after.unwrap(), r#"{"id":1}"#);
             assert_eq!(e.envelope.commit_ts_micros(), Some(5000));
         }
         assert!(parse_event(&wrapped).unwrap().schema.is_some());

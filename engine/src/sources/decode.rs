@@ -21,13 +21,13 @@ use arrow::array::{
 use arrow::datatypes::{Field, FieldRef, Schema, SchemaRef};
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::value::RawValue;
+use serde::de::{self, MapAccess, Visitor};
 use urutau_planner::context;
 use urutau_planner::registry::SourceTableSchema;
 use urutau_planner::types::{CanonicalType, UTC};
 
 use super::debezium::ConnectFields;
+use super::json_text;
 use crate::change_batch::{
     ContextBuilder, CoordinateBuilder, MessageBuilder, MessageMeta, RowKind,
 };
@@ -333,25 +333,7 @@ impl TableDecoder {
         self.use_encodings(row.connect);
         self.set.iter_mut().for_each(|s| *s = false);
         self.row_mismatched = false;
-        let mut de = serde_json::Deserializer::from_str(raw);
-        let mut failed_field = None;
-        let visitor = RowVisitor {
-            decoder: self,
-            line,
-            failed_field: &mut failed_field,
-        };
-        if let Err(e) = de.deserialize_map(visitor) {
-            let message = e.to_string();
-            let message = message
-                .split(" at line ")
-                .next()
-                .unwrap_or(&message)
-                .to_string();
-            return Err(DecodeError {
-                field: failed_field,
-                message,
-            });
-        }
+        self.read_fields(raw, line)?;
         // Columns the image does not carry.
         let lenient = kind == RowKind::UpdateBefore;
         for i in 0..self.columns.len() {
@@ -379,6 +361,46 @@ impl TableDecoder {
         }
         if let Some(m) = &mut self.message {
             m.append(&row.message);
+        }
+        Ok(())
+    }
+
+    /// Decodes the fields of a row image into their columns' builders,
+    /// from the image's text: a structural scan finds each field's text,
+    /// which is read as its column's type says (no JSON values built).
+    fn read_fields(&mut self, raw: &str, line: u64) -> Result<(), DecodeError> {
+        // Images usually list the columns in their declared order: the
+        // next one is tried before the name lookup.
+        let mut next = 0;
+        for field in json_text::fields(raw) {
+            let (key, value) = field.map_err(|e| DecodeError {
+                field: None,
+                message: format!("the row image is not a JSON object: {e}"),
+            })?;
+            let at = |message: String| DecodeError {
+                field: Some(key.to_string()),
+                message,
+            };
+            let known = match self.columns.get(next) {
+                Some(c) if c.name == key.as_ref() => Some(next),
+                _ => self.index.get(key.as_ref()).copied(),
+            };
+            let Some(i) = known else {
+                if self.strict {
+                    return Err(at("is not declared for the table (on_schema_mismatch = 'fail'; 'ignore' leaves it out and counts the row)".to_string()));
+                }
+                self.row_mismatched = true;
+                if !self.undeclared.iter().any(|u| *u == key) {
+                    self.undeclared.push(key.to_string());
+                }
+                continue;
+            };
+            next = i + 1;
+            if self.set[i] {
+                return Err(at("appears twice in the row".to_string()));
+            }
+            self.set[i] = true;
+            append_value(&mut self.columns[i], value, line).map_err(at)?;
         }
         Ok(())
     }
@@ -590,104 +612,20 @@ fn top_level_scan<'a>(
     wanted: &[String],
     found: &mut [Option<&'a str>],
 ) -> Option<()> {
-    let b = raw.as_bytes();
     let mut left = wanted.len();
-    let mut i = skip_ws(b, 0);
-    if b.get(i) != Some(&b'{') {
-        return None;
-    }
-    i = skip_ws(b, i + 1);
-    if b.get(i) == Some(&b'}') {
-        return Some(());
-    }
-    loop {
-        if b.get(i) != Some(&b'"') {
-            return None;
-        }
-        let key_end = i + 1 + memchr::memchr2(b'"', b'\\', &b[i + 1..])?;
-        if b[key_end] == b'\\' {
-            return None;
-        }
-        let key = &raw[i + 1..key_end];
-        i = skip_ws(b, key_end + 1);
-        if b.get(i) != Some(&b':') {
-            return None;
-        }
-        i = skip_ws(b, i + 1);
-        let value_end = skip_value(b, i)?;
-        if let Some(k) = wanted.iter().position(|w| w == key)
+    for field in json_text::fields(raw) {
+        let (key, value) = field.ok()?;
+        if let Some(k) = wanted.iter().position(|w| *w == key)
             && found[k].is_none()
         {
-            found[k] = Some(&raw[i..value_end]);
+            found[k] = Some(value);
             left -= 1;
             if left == 0 {
                 return Some(());
             }
         }
-        i = skip_ws(b, value_end);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return Some(()),
-            _ => return None,
-        }
     }
-}
-
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
-    while i < b.len() && b[i].is_ascii_whitespace() {
-        i += 1;
-    }
-    i
-}
-
-/// The end of the JSON value starting at `i`.
-fn skip_value(b: &[u8], i: usize) -> Option<usize> {
-    match *b.get(i)? {
-        b'"' => skip_string(b, i),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut j = i;
-            while j < b.len() {
-                match b[j] {
-                    b'"' => {
-                        j = skip_string(b, j)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-            None
-        }
-        _ => {
-            let mut j = i;
-            while j < b.len() && !matches!(b[j], b',' | b'}' | b']') && !b[j].is_ascii_whitespace()
-            {
-                j += 1;
-            }
-            (j > i).then_some(j)
-        }
-    }
-}
-
-/// The end of the JSON string starting at `i` (its opening quote).
-fn skip_string(b: &[u8], i: usize) -> Option<usize> {
-    let mut j = i + 1;
-    loop {
-        j += memchr::memchr2(b'"', b'\\', &b[j..])?;
-        if b[j] == b'\\' {
-            j += 2;
-        } else {
-            return Some(j + 1);
-        }
-    }
+    Some(())
 }
 
 /// A value shown in an error: quoted if text, cut at 64 characters.
@@ -699,111 +637,36 @@ fn shorten(text: &str) -> String {
     }
 }
 
-struct RowVisitor<'a> {
-    decoder: &'a mut TableDecoder,
-    line: u64,
-    failed_field: &'a mut Option<String>,
-}
-
-impl<'de> Visitor<'de> for RowVisitor<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a row image (a JSON object)")
+/// Appends one field's value, from its JSON text, to its column.
+fn append_value(column: &mut Column, raw: &str, line: u64) -> Result<(), String> {
+    let raw_path = matches!(
+        column.builder,
+        Builder::Decimal(..) | Builder::Json(_) | Builder::Nested(..)
+    ) || matches!(column.ty, CanonicalType::Unknown(_))
+        || matches!(
+            column.logical,
+            Logical::DecimalBytes { .. } | Logical::VariableDecimal
+        );
+    if raw_path {
+        return append_raw(column, raw, line);
     }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        // Images usually list the columns in their declared order: the
-        // next one is tried before the name lookup.
-        let mut next = 0;
-        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
-            let known = match self.decoder.columns.get(next) {
-                Some(c) if c.name == key.as_ref() => Some(next),
-                _ => self.decoder.index.get(key.as_ref()).copied(),
-            };
-            match known {
-                Some(i) => {
-                    next = i + 1;
-                    if self.decoder.set[i] {
-                        *self.failed_field = Some(key.to_string());
-                        return Err(de::Error::custom("appears twice in the row"));
-                    }
-                    self.decoder.set[i] = true;
-                    let column = &mut self.decoder.columns[i];
-                    if let Err(e) = map.next_value_seed(ValueSeed {
-                        column,
-                        line: self.line,
-                    }) {
-                        *self.failed_field = Some(key.to_string());
-                        return Err(e);
-                    }
-                }
-                None => {
-                    if self.decoder.strict {
-                        *self.failed_field = Some(key.to_string());
-                        return Err(de::Error::custom(
-                            "is not declared for the table (on_schema_mismatch = 'fail'; 'ignore' leaves it out and counts the row)",
-                        ));
-                    }
-                    map.next_value::<IgnoredAny>()?;
-                    self.decoder.row_mismatched = true;
-                    if !self.decoder.undeclared.iter().any(|u| u == key.as_ref()) {
-                        self.decoder.undeclared.push(key.to_string());
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A field name, borrowed from the input unless it holds escapes.
-struct Key<'de>(Cow<'de, str>);
-
-impl<'de> serde::Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a field name")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_string())))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-struct ValueSeed<'a> {
-    column: &'a mut Column,
-    line: u64,
-}
-
-impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        let raw_path = matches!(
-            self.column.builder,
-            Builder::Decimal(..) | Builder::Json(_) | Builder::Nested(..)
-        ) || matches!(self.column.ty, CanonicalType::Unknown(_))
-            || matches!(
-                self.column.logical,
-                Logical::DecimalBytes { .. } | Logical::VariableDecimal
-            );
-        if raw_path {
-            let raw: &RawValue = <&RawValue as serde::Deserialize>::deserialize(deserializer)?;
-            return append_raw(self.column, raw.get(), self.line).map_err(de::Error::custom);
-        }
-        deserializer.deserialize_any(ValueVisitor {
-            column: self.column,
-        })
-    }
+    let v = ValueVisitor { column };
+    let done: Result<(), de::value::Error> = match raw.as_bytes().first() {
+        Some(b'"') => v.visit_str(&json_text::string(raw)?),
+        Some(b'{') => Err(v.fail("{...}")),
+        Some(b'[') => Err(v.fail("[...]")),
+        _ => match raw {
+            "null" => v.visit_unit(),
+            "true" => v.visit_bool(true),
+            "false" => v.visit_bool(false),
+            _ => match json_text::number(raw)? {
+                json_text::Number::I64(n) => v.visit_i64(n),
+                json_text::Number::U64(n) => v.visit_u64(n),
+                json_text::Number::F64(n) => v.visit_f64(n),
+            },
+        },
+    };
+    done.map_err(|e| e.to_string())
 }
 
 fn mismatch(value: &str, ty: &CanonicalType) -> String {
@@ -857,11 +720,15 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
         }
         Builder::Json(b) | Builder::Text(b) => {
             // A JSON string carries its text (Debezium's Json type is a
-            // string holding JSON); anything else is kept as JSON text.
+            // string holding JSON); anything else is kept as JSON text,
+            // once it is known to be JSON (the row's scan checked only its
+            // brackets).
             if raw.starts_with('"') {
                 let s: String = serde_json::from_str(raw).map_err(|e| e.to_string())?;
                 b.append_value(s);
             } else {
+                serde_json::from_str::<de::IgnoredAny>(raw)
+                    .map_err(|e| format!("{} is not JSON: {e}", shorten(raw)))?;
                 b.append_value(raw);
             }
         }

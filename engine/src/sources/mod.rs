@@ -5,6 +5,7 @@
 pub mod debezium;
 pub mod decode;
 pub mod file;
+pub mod json_text;
 pub mod kafka;
 pub mod postgres;
 mod tls_probe;

@@ -575,12 +575,12 @@ impl Reader {
             }
             for (kind, image) in images.into_iter().flatten() {
                 // The image's place in the chunk's text.
-                let start = base + (image.get().as_ptr() as usize - line_bytes.as_ptr() as usize);
+                let start = base + (image.as_ptr() as usize - line_bytes.as_ptr() as usize);
                 self.steps.push(Step::Row(RowImage {
                     table: idx,
                     kind,
                     start,
-                    end: start + image.get().len(),
+                    end: start + image.len(),
                     commit_ts: if snapshot { None } else { commit_ts },
                     snapshot,
                     line,

@@ -394,7 +394,7 @@ impl MessageDecoder {
                 for (kind, image) in images.into_iter().flatten() {
                     meta.kind = kind;
                     t.decoder
-                        .append_row(image.get(), &meta)
+                        .append_row(image, &meta)
                         .map_err(|e| e.to_string())?;
                 }
             }

@@ -1,0 +1,383 @@
+//! JSON text read without building values: an object's fields as slices
+//! of its text, found by a structural scan (strings, brackets,
+//! delimiters). For the hot paths that only route on a few fields, compare
+//! them, or hand a field's text to a typed decoder: a Debezium envelope's
+//! `before` and `after` are then decoded once, straight into Arrow
+//! builders, instead of being parsed as values first (that parse was as
+//! costly as the row decode itself).
+//!
+//! The scan checks structure, not every token: a field's text is checked
+//! by whoever reads it ([`string`] and [`integer`] here, the typed row
+//! decoder for row images); the text of a field nobody reads is only
+//! checked to be a balanced JSON value.
+
+use std::borrow::Cow;
+
+/// The fields of the JSON object `text`, in their order, as `(name, raw
+/// value text)`; an error (with its byte offset) when the text is not an
+/// object as the scan reads it, or has anything but whitespace after it.
+pub fn fields(text: &str) -> Fields<'_> {
+    Fields {
+        text,
+        at: 0,
+        state: State::Start,
+    }
+}
+
+/// Iterator of [`fields`].
+pub struct Fields<'a> {
+    text: &'a str,
+    at: usize,
+    state: State,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Start,
+    Inside,
+    Done,
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(Cow<'a, str>, &'a str), String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.state {
+            State::Done => None,
+            _ => match self.step() {
+                Ok(Some(field)) => Some(Ok(field)),
+                Ok(None) => {
+                    self.state = State::Done;
+                    None
+                }
+                Err(e) => {
+                    self.state = State::Done;
+                    Some(Err(e))
+                }
+            },
+        }
+    }
+}
+
+impl<'a> Fields<'a> {
+    fn step(&mut self) -> Result<Option<(Cow<'a, str>, &'a str)>, String> {
+        let (text, b) = (self.text, self.text.as_bytes());
+        let mut i = skip_ws(b, self.at);
+        if self.state == State::Start {
+            if b.get(i) != Some(&b'{') {
+                return Err(expected("an object", b, i));
+            }
+            self.state = State::Inside;
+            i = skip_ws(b, i + 1);
+            if b.get(i) == Some(&b'}') {
+                return self.end(i + 1);
+            }
+        } else {
+            match b.get(i) {
+                Some(b',') => i = skip_ws(b, i + 1),
+                Some(b'}') => return self.end(i + 1),
+                _ => return Err(expected("`,` or `}`", b, i)),
+            }
+        }
+        if b.get(i) != Some(&b'"') {
+            return Err(expected("a field name", b, i));
+        }
+        let (key_end, escaped) = scan_string(b, i).ok_or_else(|| unterminated(i))?;
+        let key = match escaped {
+            false => Cow::Borrowed(&text[i + 1..key_end - 1]),
+            true => string(&text[i..key_end])?,
+        };
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return Err(expected("`:`", b, i));
+        }
+        i = skip_ws(b, i + 1);
+        let value_end = skip_value(b, i)?;
+        self.at = value_end;
+        Ok(Some((key, &text[i..value_end])))
+    }
+
+    /// The object closed at `end`: only whitespace may follow.
+    fn end(&mut self, end: usize) -> Result<Option<(Cow<'a, str>, &'a str)>, String> {
+        let b = self.text.as_bytes();
+        let rest = skip_ws(b, end);
+        if rest < b.len() {
+            return Err(format!("text after the object at byte {rest}"));
+        }
+        Ok(None)
+    }
+}
+
+/// The value of a JSON string's text (its quotes included), borrowed
+/// unless it holds escapes.
+pub fn string(raw: &str) -> Result<Cow<'_, str>, String> {
+    match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        Some(inner) if !inner.bytes().any(|c| c == b'\\') => Ok(Cow::Borrowed(inner)),
+        Some(_) => serde_json::from_str::<String>(raw)
+            .map(Cow::Owned)
+            .map_err(|e| e.to_string()),
+        None => Err(format!("{} is not a string", shown(raw))),
+    }
+}
+
+/// A JSON integer's value.
+pub fn integer(raw: &str) -> Result<i64, String> {
+    raw.parse()
+        .map_err(|_| format!("{} is not an integer", shown(raw)))
+}
+
+/// A JSON number's value, as serde_json reads one: an integer in the range
+/// of `i64` or `u64` as that integer, any other number as the nearest `f64`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Number {
+    I64(i64),
+    U64(u64),
+    F64(f64),
+}
+
+/// The value of a JSON number's text; an error when the text is not one
+/// (JSON's grammar: no `+`, no leading zeros, no bare `.`).
+pub fn number(raw: &str) -> Result<Number, String> {
+    let not_json = || format!("{} is not a JSON value", shown(raw));
+    let b = raw.as_bytes();
+    let digits = |mut i: usize| {
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        i
+    };
+    let mut i = usize::from(b.first() == Some(&b'-'));
+    i = match b.get(i) {
+        Some(b'0') => i + 1,
+        Some(b'1'..=b'9') => digits(i + 1),
+        _ => return Err(not_json()),
+    };
+    let integral = i == b.len();
+    if b.get(i) == Some(&b'.') {
+        let end = digits(i + 1);
+        if end == i + 1 {
+            return Err(not_json());
+        }
+        i = end;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let end = digits(i);
+        if end == i {
+            return Err(not_json());
+        }
+        i = end;
+    }
+    if i != b.len() {
+        return Err(not_json());
+    }
+    if integral {
+        if let Ok(n) = raw.parse() {
+            return Ok(Number::I64(n));
+        }
+        if let Ok(n) = raw.parse() {
+            return Ok(Number::U64(n));
+        }
+    }
+    raw.parse().map(Number::F64).map_err(|_| not_json())
+}
+
+/// Whether a value's text is JSON's `null`.
+pub fn is_null(raw: &str) -> bool {
+    raw == "null"
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r') {
+        i += 1;
+    }
+    i
+}
+
+/// The end of the JSON value starting at `i`.
+fn skip_value(b: &[u8], i: usize) -> Result<usize, String> {
+    match b.get(i) {
+        Some(b'"') => skip_string(b, i).ok_or_else(|| unterminated(i)),
+        Some(b'{' | b'[') => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < b.len() {
+                match b[j] {
+                    b'"' => {
+                        j = skip_string(b, j).ok_or_else(|| unterminated(j))?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Ok(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            Err(unterminated(i))
+        }
+        Some(b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
+            let mut j = i;
+            while j < b.len() && !matches!(b[j], b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            {
+                j += 1;
+            }
+            Ok(j)
+        }
+        _ => Err(expected("a value", b, i)),
+    }
+}
+
+/// The end of the JSON string starting at `i` (its opening quote).
+fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    scan_string(b, i).map(|(end, _)| end)
+}
+
+/// The end of the JSON string starting at `i` (its opening quote), and
+/// whether it holds escapes. Eight bytes at a time: most strings here are
+/// short (field names, codes), where a call to `memchr` costs more than
+/// the scan.
+fn scan_string(b: &[u8], i: usize) -> Option<(usize, bool)> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
+    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
+    // Bytes of `v` that are zero, as their high bits (exact for the lowest
+    // one, which is all the scan uses).
+    let zero_bytes = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+    let mut escaped = false;
+    let mut j = i + 1;
+    loop {
+        while let Some(chunk) = b.get(j..j + 8) {
+            let v = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+            let hits = zero_bytes(v ^ QUOTES) | zero_bytes(v ^ BACKSLASHES);
+            if hits != 0 {
+                j += (hits.trailing_zeros() / 8) as usize;
+                break;
+            }
+            j += 8;
+        }
+        match b.get(j)? {
+            b'"' => return Some((j + 1, escaped)),
+            b'\\' => {
+                escaped = true;
+                j += 2;
+            }
+            _ => j += 1,
+        }
+    }
+}
+
+fn expected(what: &str, b: &[u8], i: usize) -> String {
+    match b.get(i) {
+        None => format!("expected {what} at byte {i}, found the end of the text"),
+        Some(c) => format!(
+            "expected {what} at byte {i}, found `{}`",
+            char::from(*c).escape_default()
+        ),
+    }
+}
+
+fn unterminated(i: usize) -> String {
+    format!("the value at byte {i} is not terminated")
+}
+
+/// A value shown in an error, cut at 64 bytes.
+fn shown(raw: &str) -> String {
+    match raw.char_indices().nth(64) {
+        Some((cut, _)) => format!("{}...", &raw[..cut]),
+        None => raw.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(text: &str) -> Result<Vec<(String, String)>, String> {
+        fields(text)
+            .map(|f| f.map(|(k, v)| (k.into_owned(), v.to_string())))
+            .collect()
+    }
+
+    #[test]
+    fn an_objects_fields_are_slices_of_its_text() {
+        let text = r#" { "a" : 1 , "b\"c":{"x":[1,"]}"]}, "d":"e\\\"" , "n":null } "#;
+        assert_eq!(
+            all(text).unwrap(),
+            vec![
+                ("a".into(), "1".into()),
+                ("b\"c".into(), r#"{"x":[1,"]}"]}"#.into()),
+                ("d".into(), r#""e\\\"""#.into()),
+                ("n".into(), "null".into()),
+            ]
+        );
+        assert_eq!(all("{}").unwrap(), vec![]);
+        // Strings longer than the eight bytes scanned at a time, with
+        // escapes and quotes on either side of a chunk's edge.
+        let long = r#"{"a long field name \" here":"0123456\\\"89abcdef\"0123456789012345"}"#;
+        assert_eq!(
+            all(long).unwrap(),
+            vec![(
+                "a long field name \" here".into(),
+                r#""0123456\\\"89abcdef\"0123456789012345""#.into()
+            )]
+        );
+        for n in 0..20 {
+            let text = format!(r#"{{"k":"{}"}}"#, "x".repeat(n));
+            assert_eq!(all(&text).unwrap()[0].1.len(), n + 2, "{text}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_an_object_is_an_error_with_its_place() {
+        for (text, says) in [
+            (r#"{"op": "c", "after": {"#, "byte 21 is not terminated"),
+            (r#"{"a":1"#, "found the end of the text"),
+            (r#"{"a" 1}"#, "expected `:` at byte 5"),
+            (r#"{"a":1}x"#, "text after the object at byte 7"),
+            (r#"{"a":}"#, "expected a value at byte 5"),
+            (r#"{a:1}"#, "expected a field name at byte 1"),
+            ("[1]", "expected an object at byte 0"),
+            (r#"{"a":"x"#, "byte 5 is not terminated"),
+        ] {
+            let e = all(text).unwrap_err();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn strings_and_integers_read_exactly() {
+        assert_eq!(string(r#""c""#).unwrap(), "c");
+        assert!(matches!(string(r#""plain""#).unwrap(), Cow::Borrowed(_)));
+        assert_eq!(string(r#""a\u0062\n""#).unwrap(), "ab\n");
+        assert!(string("5").unwrap_err().contains("is not a string"));
+        assert_eq!(integer("-17").unwrap(), -17);
+        assert!(integer("1.5").unwrap_err().contains("is not an integer"));
+        assert!(is_null("null") && !is_null("\"null\""));
+        assert_eq!(number("-12").unwrap(), Number::I64(-12));
+        assert_eq!(
+            number("18446744073709551615").unwrap(),
+            Number::U64(u64::MAX)
+        );
+        assert_eq!(number("1e3").unwrap(), Number::F64(1000.0));
+        assert_eq!(number("-0.25").unwrap(), Number::F64(-0.25));
+        assert_eq!(
+            number("18446744073709551616").unwrap(),
+            Number::F64(2f64.powi(64))
+        );
+        for bad in ["+1", "01", "1.", ".5", "1e", "-", "1x", "tru", "NaN", "inf"] {
+            assert!(
+                number(bad).unwrap_err().contains("is not a JSON value"),
+                "{bad}"
+            );
+        }
+    }
+}
