@@ -98,7 +98,7 @@ fn scan_envelope(text: &str) -> Result<Scanned<'_>, String> {
             "source" => seen.once("source", &mut env.source, raw, scan_source)?,
             "transaction" => {
                 seen.once("transaction", &mut env.transaction_id, raw, |r| {
-                    Ok(field_text(r, "id")?.filter(|id| !json_text::is_null(id)))
+                    Ok(json_text::field(r, "id")?.filter(|id| !json_text::is_null(id)))
                 })?;
             }
             "payload" => seen.once("payload", &mut out.payload, raw, Ok)?,
@@ -124,17 +124,6 @@ fn scan_source(text: &str) -> Result<SourceInfo<'_>, String> {
         }
     }
     Ok(s)
-}
-
-/// The text of field `name` of an object (`None`: absent).
-fn field_text<'a>(text: &'a str, name: &str) -> Result<Option<&'a str>, String> {
-    for field in json_text::fields(text) {
-        let (key, raw) = field?;
-        if key == name {
-            return Ok(Some(raw));
-        }
-    }
-    Ok(None)
 }
 
 /// The fields of one object already read: each may be given once (no

@@ -21,13 +21,13 @@ use arrow::array::{
 use arrow::datatypes::{Field, FieldRef, Schema, SchemaRef};
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
-use serde::de::{self, MapAccess, Visitor};
+use serde::de;
 use urutau_planner::context;
 use urutau_planner::registry::SourceTableSchema;
 use urutau_planner::types::{CanonicalType, UTC};
 
 use super::debezium::ConnectFields;
-use super::json_text;
+use super::json_text::{self, shorten};
 use crate::change_batch::{
     ContextBuilder, CoordinateBuilder, MessageBuilder, MessageMeta, RowKind,
 };
@@ -572,8 +572,7 @@ fn append_default(b: &mut Builder, line: u64) {
 
 /// The raw JSON text of the named top-level fields of a JSON object,
 /// scanning only as far as the last of them. `None` when the text is not a
-/// plain object (or a key uses escapes): the caller then decides the
-/// conservative way.
+/// plain object: the caller then decides the conservative way.
 pub fn top_level_fields<'a>(raw: &'a str, wanted: &[String]) -> Option<Vec<Option<&'a str>>> {
     let mut found = vec![None; wanted.len()];
     top_level_fields_into(raw, wanted, &mut found).then_some(found)
@@ -604,37 +603,22 @@ fn top_level_fields_into<'a>(
     wanted: &[String],
     found: &mut [Option<&'a str>],
 ) -> bool {
-    top_level_scan(raw, wanted, found).is_some()
-}
-
-fn top_level_scan<'a>(
-    raw: &'a str,
-    wanted: &[String],
-    found: &mut [Option<&'a str>],
-) -> Option<()> {
     let mut left = wanted.len();
     for field in json_text::fields(raw) {
-        let (key, value) = field.ok()?;
+        let Ok((key, value)) = field else {
+            return false;
+        };
         if let Some(k) = wanted.iter().position(|w| *w == key)
             && found[k].is_none()
         {
             found[k] = Some(value);
             left -= 1;
             if left == 0 {
-                return Some(());
+                return true;
             }
         }
     }
-    Some(())
-}
-
-/// A value shown in an error: quoted if text, cut at 64 characters.
-fn shorten(text: &str) -> String {
-    if text.chars().count() > 64 {
-        format!("{}...", text.chars().take(64).collect::<String>())
-    } else {
-        text.to_string()
-    }
+    true
 }
 
 /// Appends one field's value, from its JSON text, to its column.
@@ -701,12 +685,10 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
     }
     match &mut c.builder {
         Builder::Decimal(b, p, s) => {
-            let text: Cow<str> = match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
-                Some(inner) if !inner.contains('\\') => Cow::Borrowed(inner),
-                Some(_) => {
-                    Cow::Owned(serde_json::from_str::<String>(raw).map_err(|e| e.to_string())?)
-                }
-                None => Cow::Borrowed(raw),
+            let text: Cow<str> = if raw.starts_with('"') {
+                json_text::string(raw)?
+            } else {
+                Cow::Borrowed(raw)
             };
             let v = parse_decimal(&text, *p, *s).map_err(|why| {
                 let hint = if base64::engine::general_purpose::STANDARD.decode(text.as_ref()).is_ok() {
@@ -724,8 +706,7 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
             // once it is known to be JSON (the row's scan checked only its
             // brackets).
             if raw.starts_with('"') {
-                let s: String = serde_json::from_str(raw).map_err(|e| e.to_string())?;
-                b.append_value(s);
+                b.append_value(json_text::string(raw)?);
             } else {
                 serde_json::from_str::<de::IgnoredAny>(raw)
                     .map_err(|e| format!("{} is not JSON: {e}", shorten(raw)))?;
@@ -1072,19 +1053,11 @@ impl ValueVisitor<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for ValueVisitor<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "a value of type {}", self.column.ty)
-    }
-
+/// Each kind of JSON value, appended to the column (the text of a field
+/// is dispatched by [`append_value`]).
+impl ValueVisitor<'_> {
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
         append_null(self.column, false, 0).map_err(|e| E::custom(e.message))
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<(), E> {
-        self.visit_unit()
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
@@ -1234,14 +1207,6 @@ impl<'de> Visitor<'de> for ValueVisitor<'_> {
             _ => false,
         };
         if ok { Ok(()) } else { Err(self.fail(&shown())) }
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<(), A::Error> {
-        Err(self.fail("{...}"))
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, _seq: A) -> Result<(), A::Error> {
-        Err(self.fail("[...]"))
     }
 }
 

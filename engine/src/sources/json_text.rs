@@ -108,6 +108,18 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// The text of field `name` of the object `text` (`None`: absent),
+/// scanning only as far as that field.
+pub fn field<'a>(text: &'a str, name: &str) -> Result<Option<&'a str>, String> {
+    for field in fields(text) {
+        let (key, raw) = field?;
+        if key == name {
+            return Ok(Some(raw));
+        }
+    }
+    Ok(None)
+}
+
 /// The value of a JSON string's text (its quotes included), borrowed
 /// unless it holds escapes.
 pub fn string(raw: &str) -> Result<Cow<'_, str>, String> {
@@ -116,14 +128,14 @@ pub fn string(raw: &str) -> Result<Cow<'_, str>, String> {
         Some(_) => serde_json::from_str::<String>(raw)
             .map(Cow::Owned)
             .map_err(|e| e.to_string()),
-        None => Err(format!("{} is not a string", shown(raw))),
+        None => Err(format!("{} is not a string", shorten(raw))),
     }
 }
 
 /// A JSON integer's value.
 pub fn integer(raw: &str) -> Result<i64, String> {
     raw.parse()
-        .map_err(|_| format!("{} is not an integer", shown(raw)))
+        .map_err(|_| format!("{} is not an integer", shorten(raw)))
 }
 
 /// A JSON number's value, as serde_json reads one: an integer in the range
@@ -138,7 +150,7 @@ pub enum Number {
 /// The value of a JSON number's text; an error when the text is not one
 /// (JSON's grammar: no `+`, no leading zeros, no bare `.`).
 pub fn number(raw: &str) -> Result<Number, String> {
-    let not_json = || format!("{} is not a JSON value", shown(raw));
+    let not_json = || format!("{} is not a JSON value", shorten(raw));
     let b = raw.as_bytes();
     let digits = |mut i: usize| {
         while b.get(i).is_some_and(u8::is_ascii_digit) {
@@ -289,8 +301,8 @@ fn unterminated(i: usize) -> String {
     format!("the value at byte {i} is not terminated")
 }
 
-/// A value shown in an error, cut at 64 bytes.
-fn shown(raw: &str) -> String {
+/// A value shown in an error, cut at 64 characters.
+pub(crate) fn shorten(raw: &str) -> String {
     match raw.char_indices().nth(64) {
         Some((cut, _)) => format!("{}...", &raw[..cut]),
         None => raw.to_string(),
