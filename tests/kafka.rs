@@ -1521,3 +1521,177 @@ CREATE TABLE lake.plain AS SELECT * FROM k.plain;
         "fetched over https, once"
     );
 }
+
+/// Debezium events in any field order and of odd shapes (the schema part
+/// before or after the payload, `after` on a delete or a truncate, an
+/// `after` beside the payload) land from Kafka as the file source lands
+/// the same events, with the schema part's encodings; a value that does
+/// not fit stops the run naming topic, partition, offset and field, or is
+/// skipped with `on_decode_error = 'skip'`.
+#[tokio::test]
+async fn debezium_events_of_every_field_order_land_as_from_a_file() {
+    let python = common::harness_python();
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = Kafka::start(&python, dir.path());
+    // `ts` in milliseconds by the schema part (`io.debezium.time.Timestamp`),
+    // in microseconds without one (Debezium's adaptive default): a row read
+    // with the wrong encoding lands a different time.
+    let row = r#"{"type":"struct","optional":true,"fields":[{"type":"int64","optional":false,"field":"id"},{"type":"int64","optional":true,"name":"io.debezium.time.Timestamp","version":1,"field":"ts"},{"type":"string","optional":true,"field":"v"}]"#;
+    let schema = format!(
+        r#"{{"type":"struct","optional":false,"name":"dbz.items.Envelope","fields":[{row},"field":"before"}},{row},"field":"after"}},{{"type":"string","optional":false,"field":"op"}}]}}"#
+    );
+    let src = r#""source":{"table":"items","ts_ms":1700000000000}"#;
+    let truncate =
+        format!(r#"{{"before":null,"after":{{"id":9,"ts":null,"v":"t"}},{src},"op":"t"}}"#);
+    let events = [
+        // Debezium's own order: images before `op` and `source`.
+        format!(
+            r#"{{"before":null,"after":{{"id":1,"ts":1700000000123456,"v":"a"}},{src},"op":"c"}}"#
+        ),
+        format!(r#"{{"op":"c","after":{{"id":2,"ts":null,"v":"b"}},{src}}}"#),
+        // Wrapped, the schema part first (as Kafka Connect writes it).
+        format!(
+            r#"{{"schema":{schema},"payload":{{"before":{{"id":1,"ts":1700000000123,"v":"a"}},"after":{{"id":1,"ts":1700000000999,"v":"a2"}},{src},"op":"u"}}}}"#
+        ),
+        // Wrapped, the schema part last: its encodings still apply.
+        format!(
+            r#"{{"payload":{{"before":null,"after":{{"id":3,"ts":1700000000500,"v":"c"}},{src},"op":"c"}},"schema":{schema}}}"#
+        ),
+        format!(
+            r#"{{"before":{{"id":2,"ts":null,"v":"b"}},"after":{{"id":2,"ts":null,"v":"zzz"}},{src},"op":"d"}}"#
+        ),
+        truncate.clone(),
+        format!(
+            r#"{{"after":{{"id":8,"ts":null,"v":"no"}},"payload":{{"before":null,"after":{{"id":4,"ts":null,"v":"d"}},{src},"op":"c"}}}}"#
+        ),
+        format!(r#"{{"before":null,"after":{{"id":5,"ts":0,"v":"e"}},{src},"op":"r"}}"#),
+    ];
+    kafka.create_topic("items", 1);
+    let messages: Vec<Value> = events
+        .iter()
+        .map(|e| json!({"key": "k", "value": e, "partition": 0}))
+        .collect();
+    kafka.produce("items", &messages);
+    // The file source cannot replay a truncate: the same events without it.
+    let file = dir.path().join("items.jsonl");
+    let lines: Vec<&str> = events
+        .iter()
+        .filter(|e| **e != truncate)
+        .map(String::as_str)
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let pipeline = |name: &str, source: &str, topic: Option<&str>, batch_rows: usize| {
+        let lake_dir = dir.path().join(name);
+        std::fs::create_dir_all(&lake_dir).unwrap();
+        let p = lake_dir.join("p.sql");
+        std::fs::write(
+            &p,
+            format!(
+                "CREATE PIPELINE {name} WITH (max_batch_rows = {batch_rows});
+{source}
+CREATE SINK lake INTO iceberg WITH ({lake});
+CREATE TABLE s.items (id BIGINT NOT NULL, ts TIMESTAMP, v VARCHAR, PRIMARY KEY (id)){with};
+CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, ts, v FROM s.items;
+",
+                lake = lake(&lake_dir),
+                with = topic.map_or(String::new(), |t| format!(" WITH (topic = '{t}')"))
+            ),
+        )
+        .unwrap();
+        (lake_dir, p)
+    };
+    let (file_dir, p) = pipeline(
+        "f",
+        &format!(
+            "CREATE SOURCE s FROM file WITH (path = '{}');",
+            file.display()
+        ),
+        None,
+        100,
+    );
+    let out = common::urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from_file = lake_rows(&python, &file_dir, "items", "id").await;
+    // Each event a batch of its own, and all in one batch.
+    let mut from_kafka = Vec::new();
+    for batch_rows in [1, 100] {
+        let (kafka_dir, p) = pipeline(
+            &format!("k{batch_rows}"),
+            &format!(
+                "CREATE SOURCE s FROM kafka WITH (brokers = '{}', format = 'debezium-json', on_truncate = 'ignore');",
+                kafka.brokers
+            ),
+            Some("items"),
+            batch_rows,
+        );
+        let out = run_to_end(&p);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        from_kafka = lake_rows(&python, &kafka_dir, "items", "id").await;
+        assert_eq!(from_kafka, from_file, "{batch_rows} rows a batch");
+    }
+    let ids: Vec<(i64, &str)> = from_kafka
+        .iter()
+        .map(|r| (r["id"].as_i64().unwrap(), r["v"].as_str().unwrap()))
+        .collect();
+    assert_eq!(ids, [(1, "a2"), (3, "c"), (4, "d"), (5, "e")]);
+    for (i, when) in [(0, "2023-11-14"), (1, "2023-11-14"), (3, "1970-01-01")] {
+        let ts = from_kafka[i]["ts"].to_string();
+        assert!(ts.contains(when), "{ts}: {:?}", from_kafka[i]);
+    }
+    assert!(
+        from_kafka[0]["ts"].to_string().contains("20.999"),
+        "{from_kafka:?}"
+    );
+    assert!(
+        from_kafka[1]["ts"].to_string().contains("20.5"),
+        "{from_kafka:?}"
+    );
+
+    // A value that does not fit.
+    kafka.create_topic("bad", 1);
+    let bad = [
+        format!(r#"{{"before":null,"after":{{"id":6,"ts":null,"v":"f"}},{src},"op":"c"}}"#),
+        format!(r#"{{"before":null,"after":{{"id":"seven","ts":null,"v":"g"}},{src},"op":"c"}}"#),
+        format!(r#"{{"before":null,"after":{{"id":8,"ts":null,"v":"h"}},{src},"op":"c"}}"#),
+    ];
+    let messages: Vec<Value> = bad
+        .iter()
+        .map(|e| json!({"key": "k", "value": e, "partition": 0}))
+        .collect();
+    kafka.produce("bad", &messages);
+    for policy in ["fail", "skip"] {
+        let (lake_dir, p) = pipeline(
+            &format!("bad_{policy}"),
+            &format!(
+                "CREATE SOURCE s FROM kafka WITH (brokers = '{}', format = 'debezium-json', on_decode_error = '{policy}');",
+                kafka.brokers
+            ),
+            Some("bad"),
+            100,
+        );
+        let out = common::urutau(&["run", p.to_str().unwrap(), "--exit-when-caught-up"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if policy == "fail" {
+            assert_eq!(out.status.code(), Some(1), "{err}");
+            assert!(
+                err.contains("topic bad partition 0 offset 1")
+                    && err.contains("field `id`")
+                    && err.contains("\"seven\""),
+                "{err}"
+            );
+        } else {
+            assert!(out.status.success(), "{err}");
+            let got = lake_rows(&python, &lake_dir, "items", "id").await;
+            let ids: Vec<i64> = got.iter().map(|r| r["id"].as_i64().unwrap()).collect();
+            assert_eq!(ids, [6, 8], "{got:?}");
+        }
+    }
+}

@@ -9,7 +9,7 @@
 //! the next offset of every partition read so far (a partition never read
 //! is left out: it resumes from its beginning).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -110,7 +110,8 @@ pub fn run_consumer(
 struct Consuming {
     cfg: ConsumerConfig,
     consumer: BaseConsumer<Refusals>,
-    topic_index: HashMap<String, usize>,
+    /// Each routed topic's index (looked up for every message).
+    topic_index: foldhash::HashMap<String, usize>,
     /// By (topic index, partition).
     parts: BTreeMap<(usize, i32), Partition>,
     batch: Vec<RawMessage>,
