@@ -24,6 +24,14 @@ fn lake(dir: &Path) -> String {
     )
 }
 
+/// Writes pipeline `text` as `dir/p.sql` (the directory made first).
+fn write_pipeline(dir: &Path, text: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let p = dir.join("p.sql");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
 /// DuckDB's read of `bronze.<table>` in `dir`'s catalog.
 async fn lake_rows(python: &Path, dir: &Path, table: &str, order_by: &str) -> Vec<Value> {
     let loc = common::catalog_metadata_location(&dir.join("catalog.db"), "bronze", table)
@@ -984,11 +992,9 @@ async fn messages_that_do_not_fit_the_declaration_are_counted_or_stop_the_run() 
     kafka.produce("items", &messages);
     for policy in ["ignore", "fail"] {
         let lake_dir = dir.path().join(policy);
-        std::fs::create_dir_all(&lake_dir).unwrap();
-        let p = lake_dir.join("p.sql");
-        std::fs::write(
-            &p,
-            format!(
+        let p = write_pipeline(
+            &lake_dir,
+            &format!(
                 "CREATE PIPELINE kt WITH (max_batch_rows = 4);
 CREATE SOURCE k FROM kafka WITH (brokers = '{brokers}', format = 'raw', on_schema_mismatch = '{policy}');
 CREATE SINK lake INTO iceberg WITH ({lake});
@@ -998,8 +1004,7 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, v FROM k.items;
                 brokers = kafka.brokers,
                 lake = lake(&lake_dir)
             ),
-        )
-        .unwrap();
+        );
         if policy == "ignore" {
             let out = run_to_end(&p);
             let got = lake_rows(&python, &lake_dir, "items", "id").await;
@@ -1111,11 +1116,9 @@ fn secure_source(kafka: &Kafka, listener: &str, extra: &str) -> String {
 /// A pipeline reading raw rows of `items` from the source options given
 /// into Iceberg under `dir`.
 fn items_pipeline(dir: &Path, source: &str) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let p = dir.join("p.sql");
-    std::fs::write(
-        &p,
-        format!(
+    write_pipeline(
+        dir,
+        &format!(
             "CREATE PIPELINE kt WITH (max_batch_rows = 50, max_batch_interval = '200ms');
 CREATE SOURCE k FROM kafka WITH ({source});
 CREATE SINK lake INTO iceberg WITH ({lake});
@@ -1126,8 +1129,6 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS
             lake = lake(dir)
         ),
     )
-    .unwrap();
-    p
 }
 
 /// Authenticated and encrypted brokers (issues 14 and 20), against a real
@@ -1566,12 +1567,16 @@ async fn debezium_events_of_every_field_order_land_as_from_a_file() {
         ),
         format!(r#"{{"before":null,"after":{{"id":5,"ts":0,"v":"e"}},{src},"op":"r"}}"#),
     ];
-    kafka.create_topic("items", 1);
-    let messages: Vec<Value> = events
-        .iter()
-        .map(|e| json!({"key": "k", "value": e, "partition": 0}))
-        .collect();
-    kafka.produce("items", &messages);
+    // Each event a message of partition 0 of `topic`.
+    let produce = |topic: &str, events: &[String]| {
+        kafka.create_topic(topic, 1);
+        let messages: Vec<Value> = events
+            .iter()
+            .map(|e| json!({"key": "k", "value": e, "partition": 0}))
+            .collect();
+        kafka.produce(topic, &messages);
+    };
+    produce("items", &events);
     // The file source cannot replay a truncate: the same events without it.
     let file = dir.path().join("items.jsonl");
     let lines: Vec<&str> = events
@@ -1582,11 +1587,9 @@ async fn debezium_events_of_every_field_order_land_as_from_a_file() {
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
     let pipeline = |name: &str, source: &str, topic: Option<&str>, batch_rows: usize| {
         let lake_dir = dir.path().join(name);
-        std::fs::create_dir_all(&lake_dir).unwrap();
-        let p = lake_dir.join("p.sql");
-        std::fs::write(
-            &p,
-            format!(
+        let p = write_pipeline(
+            &lake_dir,
+            &format!(
                 "CREATE PIPELINE {name} WITH (max_batch_rows = {batch_rows});
 {source}
 CREATE SINK lake INTO iceberg WITH ({lake});
@@ -1596,8 +1599,7 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, ts, v FROM s.ite
                 lake = lake(&lake_dir),
                 with = topic.map_or(String::new(), |t| format!(" WITH (topic = '{t}')"))
             ),
-        )
-        .unwrap();
+        );
         (lake_dir, p)
     };
     let (file_dir, p) = pipeline(
@@ -1656,17 +1658,12 @@ CREATE TABLE lake.items WITH (primary_key = 'id') AS SELECT id, ts, v FROM s.ite
     );
 
     // A value that does not fit.
-    kafka.create_topic("bad", 1);
     let bad = [
         format!(r#"{{"before":null,"after":{{"id":6,"ts":null,"v":"f"}},{src},"op":"c"}}"#),
         format!(r#"{{"before":null,"after":{{"id":"seven","ts":null,"v":"g"}},{src},"op":"c"}}"#),
         format!(r#"{{"before":null,"after":{{"id":8,"ts":null,"v":"h"}},{src},"op":"c"}}"#),
     ];
-    let messages: Vec<Value> = bad
-        .iter()
-        .map(|e| json!({"key": "k", "value": e, "partition": 0}))
-        .collect();
-    kafka.produce("bad", &messages);
+    produce("bad", &bad);
     for policy in ["fail", "skip"] {
         let (lake_dir, p) = pipeline(
             &format!("bad_{policy}"),
