@@ -91,17 +91,13 @@ pub fn parse_high(run: &str, text: &str) -> Option<u64> {
 /// The running readers; dropping it stops them.
 pub struct ChunkReaders {
     pub rx: mpsc::Receiver<Result<Chunk, SourceError>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// The readers' own runtime (see the module's doc), shut down without
-    /// waiting when the readers are dropped.
+    /// The readers' own runtime (see the module's doc): shut down without
+    /// waiting when the readers are dropped, which drops their tasks.
     runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Drop for ChunkReaders {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
@@ -220,24 +216,21 @@ impl ChunkReaders {
         });
         let ids = Arc::new(AtomicU64::new(0));
         let settings = Arc::new(settings);
-        let tasks = (0..readers)
-            .map(|_| {
-                let (tx, work, ids, settings) = (
-                    tx.clone(),
-                    Arc::clone(&work),
-                    Arc::clone(&ids),
-                    Arc::clone(&settings),
-                );
-                runtime.spawn(async move {
-                    if let Err(e) = read_ranges(&settings, &work, &ids, &tx).await {
-                        let _ = tx.send(Err(e)).await;
-                    }
-                })
-            })
-            .collect();
+        for _ in 0..readers {
+            let (tx, work, ids, settings) = (
+                tx.clone(),
+                Arc::clone(&work),
+                Arc::clone(&ids),
+                Arc::clone(&settings),
+            );
+            runtime.spawn(async move {
+                if let Err(e) = read_ranges(&settings, &work, &ids, &tx).await {
+                    let _ = tx.send(Err(e)).await;
+                }
+            });
+        }
         Ok(ChunkReaders {
             rx,
-            tasks,
             runtime: Some(runtime),
         })
     }
