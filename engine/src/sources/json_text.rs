@@ -13,6 +13,8 @@
 
 use std::borrow::Cow;
 
+use super::json_blocks;
+
 /// The fields of the JSON object `text`, in their order, as `(name, raw
 /// value text)`; an error (with its byte offset) when the text is not an
 /// object as the scan reads it, or has anything but whitespace after it.
@@ -213,28 +215,7 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
 fn skip_value(b: &[u8], i: usize) -> Result<usize, String> {
     match b.get(i) {
         Some(b'"') => skip_string(b, i).ok_or_else(|| unterminated(i)),
-        Some(b'{' | b'[') => {
-            let mut depth = 0usize;
-            let mut j = i;
-            while j < b.len() {
-                match b[j] {
-                    b'"' => {
-                        j = skip_string(b, j).ok_or_else(|| unterminated(j))?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Ok(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-            Err(unterminated(i))
-        }
+        Some(b'{' | b'[') => json_blocks::container_end(b, i).ok_or_else(|| unterminated(i)),
         Some(b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
             let mut j = i;
             while j < b.len() && !matches!(b[j], b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')

@@ -5,6 +5,7 @@
 pub mod debezium;
 pub mod decode;
 pub mod file;
+mod json_blocks;
 pub mod json_text;
 pub mod kafka;
 pub mod postgres;
