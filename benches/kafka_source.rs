@@ -21,7 +21,9 @@
 //! the size, `KAFKA_BENCH_TRIES=3` the tries of every figure,
 //! `KAFKA_BENCH_READ_BACK=0` leaves DuckDB's read-backs out (they take
 //! minutes at 1M changes: DuckDB's cost grows with the equality-deleted
-//! keys; the smoke run always reads back). Under
+//! keys; the smoke run always reads back), `KAFKA_BENCH_SCHEMA_PART=1`
+//! gives every event Kafka Connect's schema part (Debezium's default
+//! JsonConverter output: 2.5 KB before each payload). Under
 //! `cargo test` it runs a small smoke test (and fails in CI when the broker
 //! cannot start).
 
@@ -162,6 +164,77 @@ fn row_id(line: &str) -> &str {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(rest.len());
     &rest[..end]
+}
+
+/// Kafka Connect's schema part of the generated events, as Debezium's
+/// Postgres connector writes it (JsonConverter, `schemas.enable = true`,
+/// `decimal.handling.mode = string`): 2.5 KB before every payload.
+fn schema_part() -> serde_json::Value {
+    use serde_json::json;
+    let field = |ty: &str, name: &str, optional: bool| json!({"type": ty, "optional": optional, "field": name});
+    let named = |ty: &str, logical: &str, name: &str| json!({"type": ty, "optional": true, "name": logical, "version": 1, "field": name});
+    let row = json!([
+        field("int64", "id", false),
+        field("int64", "customer_id", true),
+        field("string", "amount", true),
+        field("string", "status", true),
+        named("string", "io.debezium.time.ZonedTimestamp", "created_at"),
+        field("int32", "qty", true),
+        field("string", "note", true),
+    ]);
+    let mut source: Vec<serde_json::Value> = ["version", "connector", "name"]
+        .iter()
+        .map(|n| field("string", n, false))
+        .collect();
+    source.push(field("int64", "ts_ms", false));
+    source.push(json!({"type": "string", "optional": true, "name": "io.debezium.data.Enum", "version": 1,
+        "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
+        "default": "false", "field": "snapshot"}));
+    source.push(field("string", "db", false));
+    source.push(field("string", "sequence", true));
+    source.extend(["ts_us", "ts_ns"].iter().map(|n| field("int64", n, true)));
+    source.extend(
+        ["schema", "table"]
+            .iter()
+            .map(|n| field("string", n, false)),
+    );
+    source.extend(
+        ["txId", "lsn", "xmin"]
+            .iter()
+            .map(|n| field("int64", n, true)),
+    );
+    let image = |name: &str| json!({"type": "struct", "fields": row, "optional": true, "name": "dbz.public.orders.Value", "field": name});
+    json!({"type": "struct", "fields": [
+        image("before"),
+        image("after"),
+        {"type": "struct", "fields": source, "optional": false,
+         "name": "io.debezium.connector.postgresql.Source", "version": 1, "field": "source"},
+        field("string", "op", false),
+        field("int64", "ts_ms", true),
+        field("int64", "ts_us", true),
+        field("int64", "ts_ns", true),
+        {"type": "struct", "fields": [
+            field("string", "id", false),
+            field("int64", "total_order", false),
+            field("int64", "data_collection_order", false),
+        ], "optional": true, "name": "event.block", "version": 1, "field": "transaction"},
+    ], "optional": false, "name": "dbz.public.orders.Envelope", "version": 2})
+}
+
+/// Rewrites every event of `data` as `{"schema":...,"payload":event}`
+/// (`KAFKA_BENCH_SCHEMA_PART=1`); the file's new size.
+fn wrap_in_schema_part(data: &Path) -> u64 {
+    let schema = schema_part().to_string();
+    let wrapped = data.with_extension("wrapped");
+    {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&wrapped).unwrap());
+        for line in std::io::BufReader::new(std::fs::File::open(data).unwrap()).lines() {
+            writeln!(out, r#"{{"schema":{schema},"payload":{}}}"#, line.unwrap()).unwrap();
+        }
+        out.into_inner().unwrap().sync_all().unwrap();
+    }
+    std::fs::rename(&wrapped, data).unwrap();
+    std::fs::metadata(data).unwrap().len()
 }
 
 /// A consumer configured like the source's (no group joined, nothing
@@ -312,7 +385,11 @@ fn main() {
     // The events, in a file (the file source's input) and in the topic
     // (not timed).
     let data = dir.path().join("changes.jsonl");
-    let (bytes, live) = generate(&data, changes);
+    let (mut bytes, live) = generate(&data, changes);
+    let schema_part = std::env::var("KAFKA_BENCH_SCHEMA_PART").as_deref() == Ok("1");
+    if schema_part {
+        bytes = wrap_in_schema_part(&data);
+    }
     broker.command(&[
         "create-topic",
         "--topic",
@@ -341,9 +418,14 @@ fn main() {
             .join(",")
     );
     println!(
-        "kafka_source: {changes} changes ({:.0} MiB of JSON), {live} live keys at the end; \
+        "kafka_source: {changes} changes ({:.0} MiB of JSON{}), {live} live keys at the end; \
          topic {TOPIC} of {PARTITIONS} partitions keyed by id ({}), loaded in {load_secs:.1} s",
         bytes as f64 / (1 << 20) as f64,
+        if schema_part {
+            ", each with Kafka Connect's schema part"
+        } else {
+            ""
+        },
         parts
             .iter()
             .map(|&(p, _, high)| format!("p{p}: {high}"))
