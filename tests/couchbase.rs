@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use arrow::array::BooleanArray;
 use common::Couchbase;
 use common::conformance::{self, SinkUnderTest, simple_batch};
-use common::workload::{COLUMNS, Row, workload, write_lines};
+use common::workload::{COLUMNS, Row, append_lines, workload, write_lines};
 use serde_json::{Value, json};
 use urutau_planner::sink::Sink;
 use urutau_sinks::couchbase::{CouchbaseSink, FaultPoint};
@@ -416,15 +416,6 @@ fn wait_committed(cb: &Couchbase, bucket: &str, log: impl Fn() -> String) {
             log()
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Appends `lines` to the file a tailing run reads.
-fn append_lines(data: &Path, lines: &[String]) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(data).unwrap();
-    for l in lines {
-        writeln!(f, "{l}").unwrap();
     }
 }
 

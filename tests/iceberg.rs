@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::conformance::{self, SinkUnderTest};
-use common::workload::{COLUMNS, Row, differences, workload, write_lines};
+use common::workload::{COLUMNS, Row, append_lines, differences, workload, write_lines};
 use serde_json::{Value, json};
 
 /// Where a test's Iceberg tables live.
@@ -652,12 +652,7 @@ async fn random_changes_with_kill_9_and_maintenance(
         // to itself), ends with a pass after the last commit.
         let (_, row) = run.state.iter().next().expect("a live row");
         let same = common::workload::event("u", Some(row), Some(row), None, 1_800_000_000_000);
-        let mut data = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&run.data)
-            .unwrap();
-        std::io::Write::write_all(&mut data, format!("{same}\n").as_bytes()).unwrap();
-        drop(data);
+        append_lines(&run.data, &[same]);
         run_to_end(&run.pipeline);
         let end = std::fs::metadata(&run.data).unwrap().len().to_string();
         assert_eq!(
@@ -815,7 +810,6 @@ async fn snapshot_expiry_through_a_rest_catalog_on_s3() {
 /// still reads the oracle's state.
 #[tokio::test]
 async fn orphan_cleanup_removes_old_unreferenced_files_only() {
-    use std::io::Write;
     use std::time::{Duration, SystemTime};
     let python = common::harness_python();
     let dir = tempfile::tempdir().unwrap();
@@ -878,14 +872,7 @@ async fn orphan_cleanup_removes_old_unreferenced_files_only() {
         .expect("a data file");
     age(&referenced);
 
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&data)
-        .unwrap();
-    for l in &lines[2_000..] {
-        writeln!(f, "{l}").unwrap();
-    }
-    drop(f);
+    append_lines(&data, &lines[2_000..]);
     run_to_end(&p);
 
     for f in &old_strays {

@@ -211,6 +211,14 @@ pub fn write_lines(path: &Path, lines: &[String]) {
     }
 }
 
+/// Appends `lines` to the file a run reads (more input for a later run).
+pub fn append_lines(path: &Path, lines: &[String]) {
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+}
+
 /// Classifies the differences between what a reader read and the oracle
 /// (rows keyed by `id`).
 pub fn differences(read: &[Value], expected: &[Value]) -> Vec<String> {
