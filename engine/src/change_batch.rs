@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BinaryBuilder, BooleanBuilder, Int32Array, Int64Array, StringArray, StringBuilder,
-    TimestampMicrosecondBuilder,
+    ArrayBuilder, ArrayRef, BinaryBuilder, BooleanBuilder, Int32Array, Int64Array, StringArray,
+    StringBuilder, TimestampMicrosecondBuilder,
 };
 use urutau_planner::context;
 use urutau_planner::types::UTC;
@@ -114,11 +114,19 @@ impl ContextBuilder {
         for _ in 0..n {
             table.append_value(source_table);
         }
+        // The next batch gets this one's room (see `MessageBuilder::finish`).
+        let pos_bytes = self.pos.values_slice().len();
+        let mut before = std::mem::replace(&mut self.before, BooleanBuilder::with_capacity(n));
+        let mut pos = std::mem::replace(&mut self.pos, StringBuilder::with_capacity(n, pos_bytes));
+        let mut commit_ts = std::mem::replace(
+            &mut self.commit_ts,
+            TimestampMicrosecondBuilder::with_capacity(n),
+        );
         vec![
             op,
-            Arc::new(self.before.finish()),
-            Arc::new(self.pos.finish()),
-            Arc::new(self.commit_ts.finish().with_timezone(UTC)),
+            Arc::new(before.finish()),
+            Arc::new(pos.finish()),
+            Arc::new(commit_ts.finish().with_timezone(UTC)),
             Arc::new(ingest.finish().with_timezone(UTC)),
             phase,
             Arc::new(table.finish()),
@@ -159,10 +167,17 @@ impl CoordinateBuilder {
                 stream.append_value(&*s);
             }
         }
+        let n = self.sequences.len();
         vec![
             Arc::new(stream.finish()),
-            Arc::new(Int32Array::from(std::mem::take(&mut self.shards))),
-            Arc::new(Int64Array::from(std::mem::take(&mut self.sequences))),
+            Arc::new(Int32Array::from(std::mem::replace(
+                &mut self.shards,
+                Vec::with_capacity(n),
+            ))),
+            Arc::new(Int64Array::from(std::mem::replace(
+                &mut self.sequences,
+                Vec::with_capacity(n),
+            ))),
         ]
     }
 }
@@ -194,12 +209,25 @@ impl MessageBuilder {
         self.headers.append_option(m.headers);
     }
 
-    /// The message columns, in [`context::message_fields`] order.
+    /// The message columns, in [`context::message_fields`] order. The
+    /// builders start the next batch with this one's room: grown from
+    /// empty again, their reallocations showed in a decoding lane's time.
     pub fn finish(&mut self) -> Vec<ArrayRef> {
+        let n = self.ts.len();
+        let (key_bytes, header_bytes) = (
+            self.key.values_slice().len(),
+            self.headers.values_slice().len(),
+        );
+        let mut ts = std::mem::replace(&mut self.ts, TimestampMicrosecondBuilder::with_capacity(n));
+        let mut key = std::mem::replace(&mut self.key, BinaryBuilder::with_capacity(n, key_bytes));
+        let mut headers = std::mem::replace(
+            &mut self.headers,
+            StringBuilder::with_capacity(n, header_bytes),
+        );
         vec![
-            Arc::new(self.ts.finish().with_timezone(UTC)),
-            Arc::new(self.key.finish()),
-            Arc::new(self.headers.finish()),
+            Arc::new(ts.finish().with_timezone(UTC)),
+            Arc::new(key.finish()),
+            Arc::new(headers.finish()),
         ]
     }
 }
