@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::SyncSender;
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -22,7 +22,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::decode::{RawBatch, RawMessage};
+use super::decode::{EmptyBuffers, RawBatch, RawMessage};
 use super::offsets::Offsets;
 use super::refusal::Refusals;
 use super::security::Security;
@@ -88,11 +88,12 @@ impl Partition {
 pub fn run_consumer(
     cfg: ConsumerConfig,
     lanes: Vec<SyncSender<RawBatch>>,
+    emptied: Receiver<EmptyBuffers>,
     failed: std::sync::mpsc::Sender<SourceError>,
     stop: Arc<AtomicBool>,
 ) {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Consuming::start(cfg).and_then(|mut c| c.run(&lanes, &stop))
+        Consuming::start(cfg, emptied).and_then(|mut c| c.run(&lanes, &stop))
     }))
     .unwrap_or_else(|panic| {
         Err(SourceError::new(format!(
@@ -117,6 +118,8 @@ struct Consuming {
     batch: Vec<RawMessage>,
     /// The batch's keys and values ([`RawBatch::bytes`]).
     bytes: Vec<u8>,
+    /// Buffers of decoded batches, for the next batches.
+    emptied: Receiver<EmptyBuffers>,
     /// Batches handed over so far (the next goes to lane `handed % lanes`).
     handed: usize,
     opened: Option<Instant>,
@@ -127,7 +130,10 @@ struct Consuming {
 impl Consuming {
     /// Connects, looks up every topic's partitions, checks the resume
     /// offsets against what the broker holds, and assigns.
-    fn start(cfg: ConsumerConfig) -> Result<Consuming, SourceError> {
+    fn start(
+        cfg: ConsumerConfig,
+        emptied: Receiver<EmptyBuffers>,
+    ) -> Result<Consuming, SourceError> {
         let refusals = Refusals::new(&cfg.brokers, cfg.security.clone());
         let mut client = ClientConfig::new();
         cfg.security.configure(&mut client);
@@ -147,6 +153,14 @@ impl Consuming {
             // drains the queue in batches, stalled for most of a second
             // each time (a third of the run's time in the bench).
             .set("fetch.queue.backoff.ms", "10")
+            // librdkafka connects to a broker it learnt from the metadata
+            // (the partitions' leaders) no sooner than half this after its
+            // last connection (100 ms by default): 50 ms of every start
+            // was spent waiting. 20 ms, as the first of the doubling
+            // backoffs, also retries a lost broker sooner (Java's client
+            // waits 50 ms); `reconnect.backoff.max.ms` (10 s) still bounds
+            // the retries of a broker that stays away.
+            .set("reconnect.backoff.ms", "20")
             .create_with_context(refusals)
             .map_err(|e| {
                 SourceError::new(format!(
@@ -168,6 +182,7 @@ impl Consuming {
             parts: BTreeMap::new(),
             batch: Vec::new(),
             bytes: Vec::new(),
+            emptied,
             handed: 0,
             opened: None,
             last_refresh: Instant::now(),
@@ -424,11 +439,15 @@ impl Consuming {
             return true;
         }
         // The next batch likely needs as much room as this one (growing
-        // its buffers again was a tenth of this thread's time).
-        let (count, room) = (self.batch.len(), self.bytes.len());
+        // its buffers again was a tenth of this thread's time): the buffers
+        // of a batch already decoded, else new ones as large as these.
+        let next = self.emptied.try_recv().unwrap_or_else(|_| EmptyBuffers {
+            messages: Vec::with_capacity(self.batch.len()),
+            bytes: Vec::with_capacity(self.bytes.len()),
+        });
         let batch = RawBatch {
-            messages: std::mem::replace(&mut self.batch, Vec::with_capacity(count)),
-            bytes: std::mem::replace(&mut self.bytes, Vec::with_capacity(room)),
+            messages: std::mem::replace(&mut self.batch, next.messages),
+            bytes: std::mem::replace(&mut self.bytes, next.bytes),
             end: self.end(),
         };
         self.opened = None;

@@ -108,15 +108,33 @@ pub struct RawMessage {
 }
 
 /// Messages read in order, and the offsets after them. Their keys and
-/// values are copied into one buffer: one allocation per batch instead of
-/// two per message, made on the consumer's thread and freed on a lane's.
+/// values are copied into one buffer: no allocation per message, and once
+/// the stages are full none per batch either (see [`EmptyBuffers`]).
 pub struct RawBatch {
     pub messages: Vec<RawMessage>,
     pub bytes: Vec<u8>,
     pub end: Offsets,
 }
 
+/// A decoded batch's buffers, emptied, on their way back to the consumer
+/// for a later batch: their room is kept, where new buffers (megabytes per
+/// batch) had their pages faulted in again every time.
+pub struct EmptyBuffers {
+    pub messages: Vec<RawMessage>,
+    pub bytes: Vec<u8>,
+}
+
 impl RawBatch {
+    /// Its buffers, emptied (the messages' headers are freed here).
+    pub fn empty(mut self) -> EmptyBuffers {
+        self.messages.clear();
+        self.bytes.clear();
+        EmptyBuffers {
+            messages: self.messages,
+            bytes: self.bytes,
+        }
+    }
+
     /// A message's key.
     pub fn key(&self, m: &RawMessage) -> Option<&[u8]> {
         m.key.clone().map(|r| &self.bytes[r])
@@ -211,11 +229,13 @@ impl MessageDecoder {
     }
 
     /// Decodes batches until the consumer ends (its sender is dropped), an
-    /// error is sent, or nobody listens.
+    /// error is sent, or nobody listens; each batch's buffers go back to
+    /// the consumer through `emptied` when it has room for them.
     pub fn run(
         mut self,
         input: Receiver<RawBatch>,
         out: SyncSender<Result<SourceBatch, SourceError>>,
+        emptied: SyncSender<EmptyBuffers>,
     ) {
         while let Ok(raw) = input.recv() {
             let decoded =
@@ -226,6 +246,7 @@ impl MessageDecoder {
                             crate::sources::panic_message(panic.as_ref())
                         )))
                     });
+            let _ = emptied.try_send(raw.empty());
             let failed = decoded.is_err();
             if out.send(decoded).is_err() || failed {
                 return;

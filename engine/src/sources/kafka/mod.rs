@@ -334,6 +334,9 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     let (failed_tx, failed_rx) = std::sync::mpsc::channel();
     let (mut lane_inputs, mut lane_outputs) = (Vec::new(), Vec::new());
     let warned = Arc::default();
+    // Decoded batches' buffers, back to the consumer: as many as can be in
+    // flight, so none is allocated again once the stages are full.
+    let (emptied_tx, emptied_rx) = std::sync::mpsc::sync_channel(2 * lanes + 1);
     for lane in 0..lanes {
         let decoder = MessageDecoder::new(
             spec.name.name.clone(),
@@ -351,7 +354,10 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
         lane_outputs.push(decoded_rx);
         std::thread::Builder::new()
             .name(format!("kafka-decoder-{}-{lane}", spec.name))
-            .spawn(move || decoder.run(raw_rx, decoded_tx))
+            .spawn({
+                let emptied = emptied_tx.clone();
+                move || decoder.run(raw_rx, decoded_tx, emptied)
+            })
             .map_err(|e| SourceError::new(format!("cannot start a Kafka decoder: {e}")))?;
     }
     std::thread::Builder::new()
@@ -361,7 +367,7 @@ fn open(args: OpenArgs<'_>) -> Result<Box<dyn ChangeSource>, SourceError> {
     let stop = Arc::clone(&args.stop);
     std::thread::Builder::new()
         .name(format!("kafka-consumer-{}", spec.name))
-        .spawn(move || run_consumer(cfg, lane_inputs, failed_tx, stop))
+        .spawn(move || run_consumer(cfg, lane_inputs, emptied_rx, failed_tx, stop))
         .map_err(|e| SourceError::new(format!("cannot start the Kafka consumer: {e}")))?;
     Ok(Box::new(KafkaSource { rx }))
 }
