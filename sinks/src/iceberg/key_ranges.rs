@@ -15,9 +15,11 @@
 //! of an integer type; any other key is "anywhere", which keeps the
 //! equality delete for every row, as before.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
+use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::{DataType, Int32Type, Int64Type};
 use iceberg::spec::{DataContentType, Datum, PrimitiveLiteral};
 
@@ -89,12 +91,20 @@ impl KeyRanges {
         let Some(ranges) = &self.ranges else {
             return BooleanArray::from(vec![true; n]);
         };
-        let hit = |k: i64| {
-            ranges
+        // One range (a key space covered without gaps) is a comparison.
+        let only = (ranges.len() == 1)
+            .then(|| ranges.first_key_value())
+            .flatten();
+        let hit = |k: i64| match only {
+            Some((lo, hi)) => *lo <= k && k <= *hi,
+            None => ranges
                 .range(..=k)
                 .next_back()
-                .is_some_and(|(_, hi)| *hi >= k)
+                .is_some_and(|(_, hi)| *hi >= k),
         };
+        if let Some(values) = dense_integers(keys) {
+            return BooleanArray::new(BooleanBuffer::collect_bool(n, |i| hit(values[i])), None);
+        }
         match integers(keys) {
             Some(values) => values.map(|k| Some(k.is_none_or(hit))).collect(),
             None => BooleanArray::from(vec![true; n]),
@@ -109,13 +119,33 @@ impl KeyRanges {
         if self.ranges.is_none() || keys.is_empty() {
             return;
         }
-        let Some(values) = integers(keys).and_then(|v| v.collect::<Option<Vec<_>>>()) else {
+        let Some(values) = dense_integers(keys) else {
             self.ranges = None;
             return;
         };
-        for (lo, hi) in runs(values, RUNS_PER_BATCH) {
+        // Keys all inside one range add nothing: the common case once a
+        // table's key space is covered (updates, re-inserts). Sorting the
+        // keys into runs and merging each into the set cost a twentieth of
+        // a Kafka run's CPU otherwise.
+        let (min, max) = values
+            .iter()
+            .fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        if self.covers(min, max) {
+            return;
+        }
+        for (lo, hi) in runs(values.into_owned(), RUNS_PER_BATCH) {
             self.insert(lo, hi);
         }
+    }
+
+    /// Whether one range holds all of `lo..=hi`.
+    fn covers(&self, lo: i64, hi: i64) -> bool {
+        self.ranges.as_ref().is_some_and(|ranges| {
+            ranges
+                .range(..=lo)
+                .next_back()
+                .is_some_and(|(_, e)| *e >= hi)
+        })
     }
 
     /// Adds every range of `other` (`anywhere` makes this `anywhere`).
@@ -132,6 +162,9 @@ impl KeyRanges {
 
     /// Adds the inclusive range `lo..=hi`, merged with any it touches.
     fn insert(&mut self, mut lo: i64, mut hi: i64) {
+        if self.covers(lo, hi) {
+            return;
+        }
         let Some(ranges) = &mut self.ranges else {
             return;
         };
@@ -144,11 +177,7 @@ impl KeyRanges {
             ranges.remove(&s);
         }
         // Ranges starting inside `lo..=hi + 1` are swallowed.
-        let swallowed: Vec<(i64, i64)> = ranges
-            .range(lo..=hi.saturating_add(1))
-            .map(|(s, e)| (*s, *e))
-            .collect();
-        for (s, e) in swallowed {
+        while let Some((&s, &e)) = ranges.range(lo..=hi.saturating_add(1)).next() {
             hi = hi.max(e);
             ranges.remove(&s);
         }
@@ -190,6 +219,25 @@ pub(super) fn integers(keys: &ArrayRef) -> Option<Box<dyn Iterator<Item = Option
             keys.as_primitive::<Int32Type>()
                 .iter()
                 .map(|v| v.map(i64::from)),
+        )),
+        _ => None,
+    }
+}
+
+/// The values of an Int64 or Int32 column without nulls, as a slice
+/// (Int32 widened); `None` for another type or a column with a null.
+fn dense_integers(keys: &ArrayRef) -> Option<Cow<'_, [i64]>> {
+    if keys.null_count() > 0 {
+        return None;
+    }
+    match keys.data_type() {
+        DataType::Int64 => Some(Cow::Borrowed(keys.as_primitive::<Int64Type>().values())),
+        DataType::Int32 => Some(Cow::Owned(
+            keys.as_primitive::<Int32Type>()
+                .values()
+                .iter()
+                .map(|v| i64::from(*v))
+                .collect(),
         )),
         _ => None,
     }
@@ -261,6 +309,28 @@ mod tests {
         set.add_keys(&longs(&[4, 5, 6, 7, 8, 9]));
         assert_eq!(set.len(), 1, "{set:?}");
         assert_eq!(contains(&set, &[0, 5, 11]), [false, true, false]);
+    }
+
+    #[test]
+    fn keys_inside_a_range_add_nothing_keys_past_it_do() {
+        let mut set = KeyRanges::empty();
+        set.add_keys(&longs(&(0..100).collect::<Vec<_>>()));
+        set.add_keys(&longs(&[5, 99, 0, 50]));
+        assert_eq!(set.len(), 1, "{set:?}");
+        assert_eq!(
+            contains(&set, &[-1, 0, 99, 100]),
+            [false, true, true, false]
+        );
+        // Inside at one end, past it at the other: the key past it is added.
+        set.add_keys(&longs(&[5, 150]));
+        assert_eq!(set.len(), 2, "{set:?}");
+        assert_eq!(
+            contains(&set, &[99, 100, 149, 150, 151]),
+            [true, false, false, true, false]
+        );
+        // Below the first range.
+        set.add_keys(&longs(&[-7, 3]));
+        assert_eq!(contains(&set, &[-8, -7, -6]), [false, true, false]);
     }
 
     #[test]
