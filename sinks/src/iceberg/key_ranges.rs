@@ -102,11 +102,11 @@ impl KeyRanges {
                 .next_back()
                 .is_some_and(|(_, hi)| *hi >= k),
         };
-        if let Some(values) = dense_integers(keys) {
-            return BooleanArray::new(BooleanBuffer::collect_bool(n, |i| hit(values[i])), None);
-        }
-        match integers(keys) {
-            Some(values) => values.map(|k| Some(k.is_none_or(hit))).collect(),
+        match integer_values(keys) {
+            Some(values) => BooleanArray::new(
+                BooleanBuffer::collect_bool(n, |i| keys.is_null(i) || hit(values[i])),
+                None,
+            ),
             None => BooleanArray::from(vec![true; n]),
         }
     }
@@ -119,7 +119,8 @@ impl KeyRanges {
         if self.ranges.is_none() || keys.is_empty() {
             return;
         }
-        let Some(values) = dense_integers(keys) else {
+        let values = integer_values(keys).filter(|_| keys.null_count() == 0);
+        let Some(values) = values else {
             self.ranges = None;
             return;
         };
@@ -162,19 +163,20 @@ impl KeyRanges {
 
     /// Adds the inclusive range `lo..=hi`, merged with any it touches.
     fn insert(&mut self, mut lo: i64, mut hi: i64) {
-        if self.covers(lo, hi) {
-            return;
-        }
         let Some(ranges) = &mut self.ranges else {
             return;
         };
-        // A range starting at or before `lo` that reaches it (or `lo - 1`).
-        if let Some((&s, &e)) = ranges.range(..=lo).next_back()
-            && e.saturating_add(1) >= lo
-        {
-            lo = s;
-            hi = hi.max(e);
-            ranges.remove(&s);
+        // The range starting at or before `lo`: it may hold all of
+        // `lo..=hi` already, or reach `lo` (or `lo - 1`) and grow.
+        if let Some((&s, &e)) = ranges.range(..=lo).next_back() {
+            if e >= hi {
+                return;
+            }
+            if e.saturating_add(1) >= lo {
+                lo = s;
+                hi = e.max(hi);
+                ranges.remove(&s);
+            }
         }
         // Ranges starting inside `lo..=hi + 1` are swallowed.
         while let Some((&s, &e)) = ranges.range(lo..=hi.saturating_add(1)).next() {
@@ -224,12 +226,9 @@ pub(super) fn integers(keys: &ArrayRef) -> Option<Box<dyn Iterator<Item = Option
     }
 }
 
-/// The values of an Int64 or Int32 column without nulls, as a slice
-/// (Int32 widened); `None` for another type or a column with a null.
-fn dense_integers(keys: &ArrayRef) -> Option<Cow<'_, [i64]>> {
-    if keys.null_count() > 0 {
-        return None;
-    }
+/// The values of an Int64 or Int32 column as one slice (Int32 widened;
+/// a null's slot holds any value); `None` for another type.
+fn integer_values(keys: &ArrayRef) -> Option<Cow<'_, [i64]>> {
     match keys.data_type() {
         DataType::Int64 => Some(Cow::Borrowed(keys.as_primitive::<Int64Type>().values())),
         DataType::Int32 => Some(Cow::Owned(
