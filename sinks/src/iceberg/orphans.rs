@@ -124,18 +124,24 @@ pub fn orphan_files(
 }
 
 /// The uuid of the table `path` is the metadata file of, when it is one
-/// and not `table_uuid`'s. (An unreadable metadata file counts as another
-/// table's: better not to clean than to guess.)
+/// and not `table_uuid`'s. A metadata file that is not JSON is no table's
+/// (none can read it): a writer killed while writing it leaves it cut
+/// short, and counting it as another table's stopped every later cleanup
+/// of the table. Like any orphan it goes only once older than the cutoff,
+/// which keeps a file still being written. A JSON file without a uuid
+/// counts as another table's: better not to clean than to guess.
 fn foreign_table(path: &Path, table_uuid: &str) -> Option<String> {
     let name = path.file_name()?.to_str()?;
     if !name.ends_with(".metadata.json") {
         return None;
     }
-    let uuid = std::fs::read(path)
+    let json = std::fs::read(path)
         .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v.get("table-uuid")?.as_str().map(str::to_string))
-        .unwrap_or_else(|| "unreadable".to_string());
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())?;
+    let uuid = json
+        .get("table-uuid")
+        .and_then(|u| u.as_str())
+        .map_or_else(|| "no table-uuid".to_string(), str::to_string);
     (uuid != table_uuid).then_some(uuid)
 }
 
@@ -206,6 +212,27 @@ mod tests {
         let e = orphan_files(t, "u1", &referenced, later).unwrap_err();
         assert!(e.to_string().contains("another table (u2)"), "{e}");
         std::fs::remove_file(t.join("metadata/v9.metadata.json")).unwrap();
+        // A metadata file cut short (its writer killed mid-write) is no
+        // table's: an orphan once old enough, kept while young.
+        std::fs::write(
+            t.join("metadata/v3.metadata.json"),
+            r#"{"format-version": 2, "tab"#,
+        )
+        .unwrap();
+        assert_eq!(
+            orphan_files(t, "u1", &referenced, later).unwrap(),
+            vec![
+                t.join("data/day=1/stray.parquet"),
+                t.join("metadata/stray.avro"),
+                t.join("metadata/v3.metadata.json"),
+            ]
+        );
+        assert!(
+            orphan_files(t, "u1", &referenced, earlier)
+                .unwrap()
+                .is_empty()
+        );
+        std::fs::remove_file(t.join("metadata/v3.metadata.json")).unwrap();
         // A referenced file that is not there: the paths do not name the
         // files on disk; nothing is cleaned.
         let mut gone = referenced.clone();
