@@ -454,7 +454,9 @@ async fn append_idempotent_lands_each_message_once_by_its_coordinate() {
             })
         })
         .collect();
+    let produced_from = chrono::Utc::now() - chrono::Duration::seconds(1);
     let offsets = kafka.produce("events", &messages);
+    let produced_to = chrono::Utc::now() + chrono::Duration::seconds(1);
     let expected: HashSet<(i32, i64, i64)> = offsets
         .iter()
         .zip(0..n)
@@ -471,7 +473,7 @@ CREATE SINK lake INTO iceberg WITH ({lake});
 CREATE TABLE k.events (id BIGINT NOT NULL, n BIGINT, PRIMARY KEY (id));
 CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
   SELECT n, _stream AS stream, _shard AS shard, _sequence AS seq,
-         _msg_key AS msg_key, _headers AS headers FROM k.events;
+         _msg_key AS msg_key, _headers AS headers, _msg_ts AS msg_ts FROM k.events;
 {extra}",
             brokers = kafka.brokers,
             lake = lake(&lake_dir)
@@ -505,6 +507,13 @@ CREATE TABLE lake.log WITH (write_mode = 'append-idempotent') AS
         assert_eq!(
             serde_json::from_str::<Value>(r["headers"].as_str().unwrap()).unwrap(),
             json!({"h": format!("x{i}")})
+        );
+        // The producer's create time, in milliseconds: read as such, it
+        // lies within the produce.
+        let ts = chrono::DateTime::parse_from_rfc3339(r["msg_ts"].as_str().unwrap()).unwrap();
+        assert!(
+            (produced_from..produced_to).contains(&ts.to_utc()),
+            "message {i}: _msg_ts {ts} outside the produce ({produced_from} to {produced_to})"
         );
     }
     let got: HashSet<(i32, i64, i64)> = rows

@@ -1,7 +1,9 @@
 //! The Kafka source's consuming stage: assigns every partition of the
-//! routed topics at its resume offset, polls, copies messages into batches
-//! (closed by the pipeline's batching rule) and hands them to the decoding
-//! lanes in turn (batch `i` to lane `i % lanes`, read back in that order).
+//! routed topics at its resume offset, takes their messages from the
+//! source's fetch queue ([`FetchQueue`]) many at a time, copies them into
+//! batches (closed by the pipeline's batching rule) and hands them to the
+//! decoding lanes in turn (batch `i` to lane `i % lanes`, read back in that
+//! order).
 //!
 //! Offsets are explicit throughout: `auto.offset.reset = error`, so an
 //! offset the broker no longer holds is reported, never skipped past; a
@@ -18,11 +20,12 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use super::decode::{EmptyBuffers, RawBatch, RawMessage};
+use super::fetch_queue::{FetchQueue, Fetched};
 use super::offsets::Offsets;
 use super::refusal::Refusals;
 use super::security::Security;
@@ -36,10 +39,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_SLICE: Duration = Duration::from_millis(500);
 /// ... and for how long its events are served each time.
 const CONNECT_EVENTS: Duration = Duration::from_millis(100);
-/// How long one poll waits for a message.
+/// How long one take waits for a message when none is queued (the
+/// client's events wait as long at most).
 const POLL: Duration = Duration::from_millis(100);
-/// While messages keep coming, a batch's age is looked at every this many.
-const AGE_EVERY: usize = 256;
 /// Transient client errors are logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -110,9 +112,12 @@ pub fn run_consumer(
 /// The consuming stage's state.
 struct Consuming {
     cfg: ConsumerConfig,
+    /// Every assigned partition's messages. Declared before `consumer`:
+    /// dropped first, as librdkafka wants its queues gone before the client.
+    fetched: FetchQueue,
     consumer: BaseConsumer<Refusals>,
     /// Each routed topic's index (looked up for every message).
-    topic_index: foldhash::HashMap<String, usize>,
+    topic_index: foldhash::HashMap<Box<[u8]>, usize>,
     /// By (topic index, partition).
     parts: BTreeMap<(usize, i32), Partition>,
     batch: Vec<RawMessage>,
@@ -174,9 +179,10 @@ impl Consuming {
             .topics
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.clone(), i))
+            .map(|(i, t)| (t.as_bytes().into(), i))
             .collect();
         let mut c = Consuming {
+            fetched: FetchQueue::new(&consumer),
             consumer,
             topic_index,
             parts: BTreeMap::new(),
@@ -217,6 +223,8 @@ impl Consuming {
                 );
             }
         }
+        let all: Vec<(usize, i32)> = c.parts.keys().copied().collect();
+        c.forward(&all)?;
         c.assign()?;
         tracing::info!(
             source = %c.cfg.source,
@@ -331,7 +339,19 @@ impl Consuming {
             })
     }
 
-    /// Assigns every partition at its next offset (or its beginning).
+    /// Sends the messages of `parts` to the fetch queue; before they are
+    /// assigned (see [`FetchQueue`]).
+    fn forward(&self, parts: &[(usize, i32)]) -> Result<(), SourceError> {
+        for &(t, p) in parts {
+            self.fetched
+                .forward(&self.consumer, &self.cfg.topics[t], p)
+                .map_err(SourceError::new)?;
+        }
+        Ok(())
+    }
+
+    /// Assigns every partition at its next offset (or its beginning); at
+    /// start only (a re-assignment would stop the partitions' forwards).
     fn assign(&self) -> Result<(), SourceError> {
         let mut tpl = TopicPartitionList::new();
         for ((t, p), part) in &self.parts {
@@ -376,60 +396,77 @@ impl Consuming {
             {
                 self.refresh()?;
             }
-            // Whether to read the clock for the batch's age: when the
-            // client's queue ran dry, and every few hundred messages while
-            // it holds more (a clock read per message was a sixth of this
-            // thread's time, librdkafka's own reads included).
-            let mut look_at_age = self.batch.len().is_multiple_of(AGE_EVERY);
-            // What is queued is taken without a timeout (librdkafka then
-            // reads no clock to time it); a wait only when nothing is.
-            let polled = match self.consumer.poll(Duration::ZERO) {
-                None => {
-                    look_at_age = true;
-                    self.consumer.poll(POLL)
-                }
-                queued => queued,
-            };
-            match polled {
-                None => self.idle()?,
+            // The client's own events (errors, refusals). No message comes
+            // here: every partition is forwarded before it is assigned.
+            match self.consumer.poll(Duration::ZERO) {
+                None => {}
                 Some(Err(e)) => self.consume_error(e)?,
                 Some(Ok(m)) => {
-                    let Some(&table) = self.topic_index.get(m.topic()) else {
-                        continue;
-                    };
-                    let (partition, offset) = (m.partition(), m.offset());
-                    let Some(part) = self.parts.get_mut(&(table, partition)) else {
-                        continue;
-                    };
-                    if part.next.is_some_and(|n| offset < n) {
-                        // Fetched before a re-assignment: already read.
-                        continue;
-                    }
-                    part.next = Some(offset + 1);
-                    self.batch.push(RawMessage {
-                        table,
-                        partition,
-                        offset,
-                        ts_micros: m.timestamp().to_millis().map(|ms| ms * 1000),
-                        key: m.key().map(|k| copy_into(&mut self.bytes, k)),
-                        value: m.payload().map(|v| copy_into(&mut self.bytes, v)),
-                        headers: if self.cfg.headers {
-                            m.headers().filter(|h| h.count() > 0).map(headers_json)
-                        } else {
-                            None
-                        },
-                    });
-                    self.opened.get_or_insert_with(Instant::now);
+                    return Err(SourceError::new(format!(
+                        "topic {} partition {}: offset {} came outside the source's fetch queue; stopping rather than risk reading out of order",
+                        m.topic(),
+                        m.partition(),
+                        m.offset()
+                    )));
                 }
             }
-            let full = self.batch.len() >= self.cfg.policy.max_rows;
-            if (full || look_at_age)
-                && self.cfg.policy.should_close(self.batch.len(), self.opened)
-                && !self.flush(out)
-            {
+            // Up to the batch's limit; a wait only when nothing is queued.
+            let room = self.cfg.policy.max_rows.saturating_sub(self.batch.len());
+            if self.take(room, Duration::ZERO)? == 0 && self.take(room, POLL)? == 0 {
+                self.idle()?;
+            }
+            if self.cfg.policy.should_close(self.batch.len(), self.opened) && !self.flush(out) {
                 return Ok(());
             }
         }
+    }
+
+    /// Takes up to `at_most` messages from the fetch queue into the batch
+    /// (waiting up to `wait` for the first); then answers the partition
+    /// errors among them. Returns how many were taken.
+    fn take(&mut self, at_most: usize, wait: Duration) -> Result<usize, SourceError> {
+        let mut errors = Vec::new();
+        let taken = self.fetched.take(at_most, wait, |m| {
+            if let Some(code) = m.error() {
+                // Answered after the messages taken with it are in the
+                // batch: a transient error drops none of them.
+                errors.push(KafkaError::MessageConsumption(code));
+                return;
+            }
+            let Some(&table) = self.topic_index.get(m.topic()) else {
+                return;
+            };
+            let (partition, offset) = (m.partition(), m.offset());
+            let Some(part) = self.parts.get_mut(&(table, partition)) else {
+                return;
+            };
+            if part.next.is_some_and(|n| offset < n) {
+                // Already read (a partition is assigned once, so only a
+                // client's retried fetch could give it again).
+                return;
+            }
+            part.next = Some(offset + 1);
+            self.batch.push(RawMessage {
+                table,
+                partition,
+                offset,
+                ts_micros: m.timestamp_millis().map(|ms| ms * 1000),
+                key: m.key().map(|k| copy_into(&mut self.bytes, k)),
+                value: m.payload().map(|v| copy_into(&mut self.bytes, v)),
+                headers: if self.cfg.headers {
+                    headers_json(&m)
+                } else {
+                    None
+                },
+            });
+        });
+        if taken > 0 {
+            self.opened.get_or_insert_with(Instant::now);
+        }
+        for e in errors {
+            self.consume_error(e)?;
+        }
+        Ok(taken)
     }
 
     /// Hands the batch over to the next lane; false when the decoding
@@ -467,7 +504,8 @@ impl Consuming {
             return Ok(());
         };
         for e in positions.elements() {
-            let (Some(&t), Offset::Offset(o)) = (self.topic_index.get(e.topic()), e.offset())
+            let (Some(&t), Offset::Offset(o)) =
+                (self.topic_index.get(e.topic().as_bytes()), e.offset())
             else {
                 continue;
             };
@@ -514,8 +552,17 @@ impl Consuming {
                 },
             );
         }
-        // Every partition keeps its next offset across the re-assignment.
-        self.assign()
+        // Only the new partitions are assigned: a re-assignment would stop
+        // the others, and clear their forwards to the fetch queue.
+        self.forward(&added)?;
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in &added {
+            tpl.add_partition_offset(&self.cfg.topics[*t], *p, Offset::Beginning)
+                .map_err(|e| SourceError::new(format!("cannot assign partitions: {e}")))?;
+        }
+        self.consumer
+            .incremental_assign(&tpl)
+            .map_err(|e| SourceError::new(format!("cannot assign the new partitions: {e}")))
     }
 
     /// A consumer error: a refusal ([`Refusals`]) and an offset the broker
@@ -626,11 +673,15 @@ fn copy_into(bytes: &mut Vec<u8>, b: &[u8]) -> std::ops::Range<usize> {
 
 /// A message's headers as a JSON object: a UTF-8 value as a string, other
 /// bytes as `{"base64": "..."}`, no value as null (a repeated name keeps
-/// its last value).
-fn headers_json(h: &rdkafka::message::BorrowedHeaders) -> String {
+/// its last value); `None` when it has none.
+fn headers_json(m: &Fetched<'_>) -> Option<String> {
+    let headers = m.headers();
+    if headers.is_empty() {
+        return None;
+    }
     let mut map = serde_json::Map::new();
-    for header in h.iter() {
-        let value = match header.value {
+    for (name, value) in headers {
+        let value = match value {
             None => serde_json::Value::Null,
             Some(v) => match std::str::from_utf8(v) {
                 Ok(s) => serde_json::Value::String(s.to_string()),
@@ -639,9 +690,9 @@ fn headers_json(h: &rdkafka::message::BorrowedHeaders) -> String {
                 }),
             },
         };
-        map.insert(header.key.to_string(), value);
+        map.insert(name, value);
     }
-    serde_json::Value::Object(map).to_string()
+    Some(serde_json::Value::Object(map).to_string())
 }
 
 #[cfg(test)]

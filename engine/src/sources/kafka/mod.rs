@@ -24,6 +24,7 @@
 mod avro;
 mod consumer;
 mod decode;
+mod fetch_queue;
 pub mod offsets;
 mod refusal;
 mod security;
