@@ -92,17 +92,17 @@ fn scan_envelope(text: &str) -> Result<Scanned<'_>, String> {
         let (key, raw) = field?;
         let env = &mut out.envelope;
         match key.as_ref() {
-            "op" => seen.once("op", &mut env.op, raw, json_text::string)?,
-            "before" => seen.once("before", &mut env.before, raw, Ok)?,
-            "after" => seen.once("after", &mut env.after, raw, Ok)?,
-            "source" => seen.once("source", &mut env.source, raw, scan_source)?,
+            "op" => seen.once(0, "op", &mut env.op, raw, json_text::string)?,
+            "before" => seen.once(1, "before", &mut env.before, raw, Ok)?,
+            "after" => seen.once(2, "after", &mut env.after, raw, Ok)?,
+            "source" => seen.once(3, "source", &mut env.source, raw, scan_source)?,
             "transaction" => {
-                seen.once("transaction", &mut env.transaction_id, raw, |r| {
+                seen.once(4, "transaction", &mut env.transaction_id, raw, |r| {
                     Ok(json_text::field(r, "id")?.filter(|id| !json_text::is_null(id)))
                 })?;
             }
-            "payload" => seen.once("payload", &mut out.payload, raw, Ok)?,
-            "schema" => seen.once("schema", &mut out.schema, raw, Ok)?,
+            "payload" => seen.once(5, "payload", &mut out.payload, raw, Ok)?,
+            "schema" => seen.once(6, "schema", &mut out.schema, raw, Ok)?,
             _ => {}
         }
     }
@@ -116,38 +116,38 @@ fn scan_source(text: &str) -> Result<SourceInfo<'_>, String> {
     for field in json_text::fields(text) {
         let (key, raw) = field?;
         match key.as_ref() {
-            "table" => seen.once("table", &mut s.table, raw, json_text::string)?,
-            "schema" => seen.once("schema", &mut s.schema, raw, json_text::string)?,
-            "ts_ms" => seen.once("ts_ms", &mut s.ts_ms, raw, json_text::integer)?,
-            "txId" => seen.once("txId", &mut s.tx_id, raw, Ok)?,
+            "table" => seen.once(0, "table", &mut s.table, raw, json_text::string)?,
+            "schema" => seen.once(1, "schema", &mut s.schema, raw, json_text::string)?,
+            "ts_ms" => seen.once(2, "ts_ms", &mut s.ts_ms, raw, json_text::integer)?,
+            "txId" => seen.once(3, "txId", &mut s.tx_id, raw, Ok)?,
             _ => {}
         }
     }
     Ok(s)
 }
 
-/// The fields of one object already read: each may be given once (no
-/// allocation: it runs for every event).
+/// The fields of one object already read, a bit each (`bit`, numbered
+/// per object): each may be given once. It runs for every field of every
+/// event: comparing names (by their text) was 2% of a Kafka run.
 #[derive(Default)]
-struct Seen {
-    names: [&'static str; 8],
-    len: usize,
-}
+struct Seen(u32);
 
 impl Seen {
-    /// Reads `raw` into `slot` with `read` (`null` leaves it `None`).
+    /// Reads `raw` into `slot` with `read` (`null` leaves it `None`);
+    /// field `name` has bit `bit`.
     fn once<'a, T, R: Into<Option<T>>>(
         &mut self,
+        bit: u32,
         name: &'static str,
         slot: &mut Option<T>,
         raw: &'a str,
         read: impl FnOnce(&'a str) -> Result<R, String>,
     ) -> Result<(), String> {
-        if self.names[..self.len].contains(&name) {
+        let mask = 1 << bit;
+        if self.0 & mask != 0 {
             return Err(format!("duplicate field `{name}`"));
         }
-        self.names[self.len] = name;
-        self.len += 1;
+        self.0 |= mask;
         if !json_text::is_null(raw) {
             *slot = read(raw).map_err(|e| format!("`{name}`: {e}"))?.into();
         }
@@ -688,5 +688,50 @@ mod tests {
         assert!(parse_event(&wrapped).unwrap().schema.is_some());
         let rows = row_images("d", None, None, &BeforeImages::Never);
         assert!(rows.is_err_and(|e| e.contains("`before`")));
+    }
+
+    #[test]
+    fn every_envelope_and_source_field_may_be_given_once() {
+        let fields = [
+            r#""op":"u""#,
+            r#""before":{"id":1}"#,
+            r#""after":{"id":1}"#,
+            r#""source":{"table":"t","schema":"s","ts_ms":5,"txId":7}"#,
+            r#""transaction":{"id":"x"}"#,
+        ];
+        // Each once: no field is taken for another.
+        let all = format!("{{{}}}", fields.join(","));
+        let e = parse_event(&all).unwrap();
+        assert_eq!(e.envelope.transaction_id.unwrap(), r#""x""#);
+        let source = e.envelope.source.unwrap();
+        assert_eq!(source.tx_id, Some("7"));
+        assert_eq!(source.schema.as_deref(), Some("s"));
+        let wrapped = r#"{"schema":{},"payload":{"op":"c"}}"#;
+        assert!(parse_event(wrapped).is_ok());
+        // Each twice: an error naming it.
+        for (f, name) in fields
+            .iter()
+            .zip(["op", "before", "after", "source", "transaction"])
+        {
+            let err = parse_event(&format!("{{{f},{f}}}")).err().unwrap();
+            assert!(err.contains(&format!("duplicate field `{name}`")), "{err}");
+        }
+        for name in ["payload", "schema"] {
+            let err = parse_event(&format!(r#"{{"{name}":{{}},"{name}":{{}}}}"#))
+                .err()
+                .unwrap();
+            assert!(err.contains(&format!("duplicate field `{name}`")), "{err}");
+        }
+        for f in [
+            r#""table":"t""#,
+            r#""schema":"s""#,
+            r#""ts_ms":1"#,
+            r#""txId":2"#,
+        ] {
+            let err = parse_event(&format!(r#"{{"op":"c","source":{{{f},{f}}}}}"#))
+                .err()
+                .unwrap();
+            assert!(err.contains("`source`: duplicate field"), "{err}");
+        }
     }
 }
