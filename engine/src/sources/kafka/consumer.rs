@@ -460,7 +460,8 @@ impl Consuming {
                 },
             });
         });
-        if taken > 0 {
+        if !self.batch.is_empty() {
+            // Errors alone (or messages already read) open no batch.
             self.opened.get_or_insert_with(Instant::now);
         }
         for e in errors {
