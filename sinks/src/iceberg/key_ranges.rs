@@ -212,18 +212,11 @@ fn integer(d: &Datum) -> Option<i64> {
     }
 }
 
-/// The values of an Int32 or Int64 column, read in place (`None` for
-/// another type).
-pub(super) fn integers(keys: &ArrayRef) -> Option<Box<dyn Iterator<Item = Option<i64>> + '_>> {
-    match keys.data_type() {
-        DataType::Int64 => Some(Box::new(keys.as_primitive::<Int64Type>().iter())),
-        DataType::Int32 => Some(Box::new(
-            keys.as_primitive::<Int32Type>()
-                .iter()
-                .map(|v| v.map(i64::from)),
-        )),
-        _ => None,
-    }
+/// The values of an Int32 or Int64 column, a null as `None` (`None` for
+/// another type): [`integer_values`] with the column's nulls.
+pub(super) fn integers(keys: &ArrayRef) -> Option<impl Iterator<Item = Option<i64>> + '_> {
+    let values = integer_values(keys)?;
+    Some((0..keys.len()).map(move |i| keys.is_valid(i).then(|| values[i])))
 }
 
 /// The values of an Int64 or Int32 column as one slice (Int32 widened;
