@@ -26,6 +26,7 @@ use urutau_planner::context;
 use urutau_planner::registry::SourceTableSchema;
 use urutau_planner::types::{CanonicalType, UTC};
 
+use super::datetime_text;
 use super::debezium::ConnectFields;
 use super::json_text::{self, shorten};
 use crate::change_batch::{
@@ -1011,6 +1012,13 @@ fn parse_zoned_time(s: &str) -> Option<i64> {
 }
 
 fn parse_naive_timestamp(s: &str) -> Option<i64> {
+    if let Some(p) = datetime_text::parse(s.as_bytes()) {
+        return match p.offset_secs {
+            None => exact_micros(p.local_secs, p.nanos),
+            // chrono's formats below refuse a zone.
+            Some(_) => None,
+        };
+    }
     let dt = NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
         .or_else(|_| NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f"))
         .ok()?;
@@ -1021,6 +1029,11 @@ fn parse_naive_timestamp(s: &str) -> Option<i64> {
 }
 
 fn parse_zoned_timestamp(s: &str) -> Option<i64> {
+    if let Some(p) = datetime_text::parse(s.as_bytes()) {
+        // Without a zone: chrono's formats below refuse it too.
+        let offset = p.offset_secs?;
+        return exact_micros(p.local_secs - i64::from(offset), p.nanos);
+    }
     let dt = DateTime::parse_from_rfc3339(s)
         .or_else(|_| DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%#z"))
         .ok()?;
@@ -1272,6 +1285,41 @@ mod tests {
         assert!(parse_decimal("1234", 3, 0).is_err());
         assert!(parse_decimal("abc", 3, 0).is_err());
         assert!(parse_decimal("", 3, 0).is_err());
+    }
+
+    #[test]
+    fn plain_decimals_read_as_the_general_reader_reads_them() {
+        // Every length up to 39 digits, the point anywhere.
+        let digits = "123456789098765432101234567890987654321";
+        for len in 1..=digits.len() {
+            for point in 0..=len {
+                for sign in ["", "-"] {
+                    let text = format!("{sign}{}.{}", &digits[..point], &digits[point..len]);
+                    let text = text.trim_end_matches('.');
+                    for (precision, scale) in [(38, 0), (38, 2), (38, 10), (20, 5)] {
+                        let plain = parse_plain_decimal(text.as_bytes(), precision, scale)
+                            .expect("a plain form");
+                        let general = parse_decimal_general(text, precision, scale);
+                        assert_eq!(
+                            plain.is_ok(),
+                            general.is_ok(),
+                            "{text} ({precision},{scale})"
+                        );
+                        if let Ok(v) = plain {
+                            assert_eq!(Ok(v), general, "{text} ({precision},{scale})");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            parse_decimal("1234567890123456789.50", 38, 2),
+            Ok(123456789012345678950)
+        );
+        assert_eq!(
+            parse_decimal("1234567890123456789012345678901234567890", 38, 0),
+            Err("too many digits".to_string())
+        );
     }
 
     #[test]

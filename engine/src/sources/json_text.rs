@@ -128,8 +128,16 @@ pub fn field<'a>(text: &'a str, name: &str) -> Result<Option<&'a str>, String> {
 /// The value of a JSON string's text (its quotes included), borrowed
 /// unless it holds escapes.
 pub fn string(raw: &str) -> Result<Cow<'_, str>, String> {
+    let b = raw.as_bytes();
+    if b.first() == Some(&b'"')
+        // The scan of the field (eight bytes at a time): a byte-wise search
+        // for escapes here cost 4% of a decoding lane.
+        && let Some((end, false)) = scan_string(b, 0)
+        && end == b.len()
+    {
+        return Ok(Cow::Borrowed(&raw[1..end - 1]));
+    }
     match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
-        Some(inner) if !inner.bytes().any(|c| c == b'\\') => Ok(Cow::Borrowed(inner)),
         Some(_) => serde_json::from_str::<String>(raw)
             .map(Cow::Owned)
             .map_err(|e| e.to_string()),
@@ -395,6 +403,17 @@ mod tests {
         assert!(matches!(string(r#""plain""#).unwrap(), Cow::Borrowed(_)));
         assert_eq!(string(r#""a\u0062\n""#).unwrap(), "ab\n");
         assert!(string("5").unwrap_err().contains("is not a string"));
+        assert!(string("\"").unwrap_err().contains("is not a string"));
+        assert_eq!(string(r#""""#).unwrap(), "");
+        // Escapes past the first eight bytes, and an escaped quote.
+        assert_eq!(
+            string(r#""a long plain text\\ then \"quoted\" \u00e9""#).unwrap(),
+            "a long plain text\\ then \"quoted\" é"
+        );
+        assert!(matches!(
+            string(r#""a long plain text of no escape""#).unwrap(),
+            Cow::Borrowed("a long plain text of no escape")
+        ));
         assert_eq!(integer("-17").unwrap(), -17);
         assert!(integer("1.5").unwrap_err().contains("is not an integer"));
         assert!(is_null("null") && !is_null("\"null\""));

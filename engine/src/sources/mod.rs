@@ -2,6 +2,7 @@
 //! [`SourceProvider`](urutau_planner::registry::SourceProvider) for planning
 //! and opens a [`ChangeSource`] for running.
 
+mod datetime_text;
 pub mod debezium;
 pub mod decode;
 pub mod file;
