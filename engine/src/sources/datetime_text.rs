@@ -38,7 +38,7 @@ pub fn parse(s: &[u8]) -> Option<DateTimeParts> {
     );
     if !(1..=12).contains(&month)
         || day == 0
-        || day > days_in_month(year, month)
+        || i64::from(day) > days_in_month(i64::from(year), i64::from(month))
         || hour > 23
         || minute > 59
         || second > 59
@@ -73,7 +73,7 @@ pub fn parse(s: &[u8]) -> Option<DateTimeParts> {
         }
         _ => return None,
     };
-    let days = days_from_civil(year as i64, month, day);
+    let days = days_from_civil(i64::from(year), i64::from(month), i64::from(day));
     Some(DateTimeParts {
         local_secs: days * 86_400 + (hour * 3600 + minute * 60 + second) as i64,
         nanos,
@@ -89,11 +89,16 @@ fn digits(b: &[u8]) -> Option<u32> {
     })
 }
 
-fn days_in_month(year: u32, month: u32) -> u32 {
+/// Whether `year` of the proleptic Gregorian calendar has a 29 February.
+fn is_leap(year: i64) -> bool {
+    year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
+}
+
+/// Days in `month` (1–12) of `year`; shared by every source's date reader so
+/// the calendar is written once.
+pub(crate) fn days_in_month(year: i64, month: i64) -> i64 {
     match month {
-        2 if year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400)) => {
-            29
-        }
+        2 if is_leap(year) => 29,
         2 => 28,
         4 | 6 | 9 | 11 => 30,
         _ => 31,
@@ -101,15 +106,16 @@ fn days_in_month(year: u32, month: u32) -> u32 {
 }
 
 /// Days from 1970-01-01 to a date of the proleptic Gregorian calendar
-/// (Howard Hinnant's `days_from_civil`).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+/// (Howard Hinnant's `days_from_civil`); shared by every source's date reader.
+pub(crate) fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    // Years start in March, so the leap day ends a year.
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(month);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let year_of_era = y - era * 400;
+    let month_from_march = (month + 9) % 12;
+    let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use arrow::datatypes::{
 };
 use urutau_planner::types::{CanonicalType, MAX_DECIMAL_PRECISION};
 
+use crate::sources::datetime_text::{days_from_civil, days_in_month};
 use crate::sources::decode::parse_decimal;
 
 /// Built-in type OIDs (`pg_type.oid`), fixed across Postgres versions.
@@ -922,31 +923,6 @@ fn refuse_special(b: &[u8], what: &str) -> Result<(), Reason> {
         return Err(format!("infinite {what} are not supported").into());
     }
     Ok(())
-}
-
-fn is_leap(year: i64) -> bool {
-    year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
-}
-
-fn days_in_month(year: i64, month: i64) -> i64 {
-    match month {
-        2 if is_leap(year) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days from 1970-01-01 to a proleptic Gregorian date.
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    // Years start in March, so the leap day ends a year.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let year_of_era = y - era * 400;
-    let month_from_march = (month + 9) % 12;
-    let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
 }
 
 /// `YYYY-MM-DD` (the year may have more than 4 digits) at `*i`, as days
