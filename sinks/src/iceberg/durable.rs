@@ -1,22 +1,26 @@
 //! Local warehouses: a commit's files made durable before the catalog
 //! points at them.
 //!
-//! iceberg 0.10.1's local storage fsyncs a file it writes through its
-//! streaming writer (Parquet data and delete files, manifests, the manifest
-//! list) when it closes it, but not a file written whole (the table's
-//! metadata JSON), and never a directory that gained an entry. After a
+//! A local table's files go through [`LocalStorage`](super::catalog::local),
+//! whose streaming writer (Parquet data and delete files, manifests, the
+//! manifest list) starts a file's sync on a blocking thread when it closes
+//! it ([`sync_in_background`]); a file written whole (the table's metadata
+//! JSON) is not synced, and no directory that gained an entry is. After a
 //! power loss the catalog, which syncs its own commit, could then point at
 //! a metadata file that is empty or not there at all, or at a snapshot
-//! whose files' directory entries were lost: a broken table. So before
-//! every swap the SQL catalog syncs the new metadata file and the
-//! directories of every file the commit added; a new table's first
-//! metadata file and directories are durable before its catalog row is
-//! inserted; and a warehouse (or an SQLite catalog's directory) urutau
-//! creates has its entries synced up to the first directory that existed.
-//! Remote storage (S3) needs none of this: a completed PUT is durable.
+//! whose files or directory entries were lost: a broken table. So before
+//! every swap the catalog waits for the background syncs of the table's
+//! files (a failed one fails the commit, and any later commit naming it),
+//! and syncs the new metadata file and the directories of every file the
+//! commit added ([`sync_local`]); a new table's first metadata file and
+//! directories are durable before its catalog row is inserted; and a
+//! warehouse (or an SQLite catalog's directory) urutau creates has its
+//! entries synced up to the first directory that existed. Remote storage
+//! (S3) needs none of this: a completed PUT is durable.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use futures::StreamExt;
 use urutau_planner::sink::SinkError;
@@ -40,6 +44,87 @@ pub fn local_path(location: &str) -> Option<PathBuf> {
         }));
     }
     location.starts_with('/').then(|| PathBuf::from(location))
+}
+
+/// The syncs [`sync_in_background`] started that no commit has waited
+/// for yet, and the files whose sync failed (a commit naming one fails:
+/// after a failed sync its content may be lost, whatever a later sync
+/// says).
+#[derive(Default)]
+struct Background {
+    running: Vec<(PathBuf, tokio::task::JoinHandle<std::io::Result<()>>)>,
+    failed: HashMap<PathBuf, String>,
+}
+
+fn background() -> MutexGuard<'static, Background> {
+    static BACKGROUND: LazyLock<Mutex<Background>> = LazyLock::new(Mutex::default);
+    // A panic while holding the lock left the lists whole.
+    BACKGROUND.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Syncs `file` (just written at `path`) on a blocking thread; the next
+/// [`sync_local`] waits for it. Outside a Tokio runtime it is synced
+/// here and then.
+pub fn sync_in_background(path: PathBuf, file: std::fs::File) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            let sync = rt.spawn_blocking(move || file.sync_all());
+            background().running.push((path, sync));
+        }
+        Err(_) => {
+            if let Err(e) = file.sync_all() {
+                background().failed.insert(path, e.to_string());
+            }
+        }
+    }
+}
+
+/// Whether the sync of `path` was started and no commit has waited for
+/// it yet.
+#[cfg(test)]
+pub fn syncing(path: &Path) -> bool {
+    background().running.iter().any(|(p, _)| p == path)
+}
+
+/// Waits for the background syncs started so far of the files under
+/// `root` (a table's location: its data, delete, manifest and manifest
+/// list files) and of `listed` (files the commit adds, wherever they are);
+/// an error names the first that failed. Each failed file stays failed.
+/// Other tables' syncs are left to their own commits.
+async fn settle_background(root: Option<&Path>, listed: &[&PathBuf]) -> Result<(), SinkError> {
+    let ours = |p: &PathBuf| root.is_some_and(|r| p.starts_with(r)) || listed.contains(&p);
+    let running = {
+        let mut b = background();
+        let (ours, others): (Vec<_>, Vec<_>) = std::mem::take(&mut b.running)
+            .into_iter()
+            .partition(|(p, _)| ours(p));
+        b.running = others;
+        ours
+    };
+    let mut first_error = None;
+    for (path, sync) in running {
+        let failed = match sync.await {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => format!("the sync stopped: {e}"),
+        };
+        first_error
+            .get_or_insert_with(|| SinkError::Io(format!("syncing {}: {failed}", path.display())));
+        background().failed.insert(path, failed);
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// The first of `paths` whose background sync failed, as an error.
+fn failed_among<'a>(mut paths: impl Iterator<Item = &'a PathBuf>) -> Result<(), SinkError> {
+    let b = background();
+    match paths.find_map(|p| b.failed.get(p).map(|why| (p, why))) {
+        Some((path, why)) => Err(SinkError::Io(format!(
+            "syncing {}: {why} (it cannot be committed)",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Creates `dir` and any missing ancestors, and syncs the parent of every
@@ -116,14 +201,17 @@ fn dirs_to_sync<'a>(
     (dirs, entered)
 }
 
-/// Syncs the local files in `files` and the directories holding every
-/// local path in `files` and `entries` (files whose content is already
-/// durable, but whose directory entry is new), and, up to `root` (the
-/// table's location: a partition directory may be new too), the parent of
-/// every such directory whose own entry `known` does not hold yet.
-/// Object-storage locations are skipped. The syncs run side by side (up to
-/// 16 at once), each on a blocking thread: a commit waits for about the
-/// slowest, not for their sum.
+/// Makes a commit's local files durable before the catalog may point at
+/// them: waits for the background syncs ([`sync_in_background`]) of the
+/// files under `root` (the table's location) and of `files` and `entries`
+/// (failing on any that failed, now or before), then syncs the files in
+/// `files` (written whole) and the directories holding every local path
+/// in `files` and `entries` (files whose entry in their directory is new),
+/// and, up to `root` (a partition directory may be new too), the parent
+/// of every such directory whose own entry `known` does not hold yet.
+/// Object-storage locations are skipped. The syncs run side by side (up
+/// to 16 at once), each on a blocking thread: a commit waits for about
+/// the slowest, not for their sum.
 pub async fn sync_local(
     files: Vec<String>,
     entries: Vec<String>,
@@ -132,6 +220,9 @@ pub async fn sync_local(
 ) -> Result<(), SinkError> {
     let files: Vec<PathBuf> = files.iter().filter_map(|l| local_path(l)).collect();
     let entries: Vec<PathBuf> = entries.iter().filter_map(|l| local_path(l)).collect();
+    let listed: Vec<&PathBuf> = files.iter().chain(&entries).collect();
+    settle_background(local_path(root).as_deref(), &listed).await?;
+    failed_among(listed.iter().copied())?;
     let (dirs, entered) = dirs_to_sync(
         files.iter().chain(&entries),
         local_path(root).as_deref(),
@@ -226,6 +317,38 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains(&missing), "{err}");
+    }
+
+    /// A file whose sync fails fails the commit that waits for it, and
+    /// every later commit naming it; a commit of other files goes on. The
+    /// failure is real: Linux refuses to sync a character device
+    /// (`EINVAL`), and the file is written through the local storage's
+    /// writer as a data file would be.
+    #[tokio::test]
+    async fn a_failed_background_sync_fails_every_commit_naming_its_file() {
+        let io = super::super::catalog::local::file_io();
+        let mut w = io.new_output("/dev/null").unwrap().writer().await.unwrap();
+        w.write(bytes::Bytes::from_static(b"x")).await.unwrap();
+        w.close().await.unwrap();
+        let commit = |entries: Vec<String>, root: &str| {
+            let (entries, root) = (entries, root.to_string());
+            async move { sync_local(vec![], entries, &root, &DurableDirs::default()).await }
+        };
+        // A commit of another table does not wait for it.
+        let other = tempfile::tempdir().unwrap();
+        let other_root = other.path().display().to_string();
+        commit(vec![], &other_root).await.unwrap();
+        assert!(syncing(Path::new("/dev/null")), "left to its own commit");
+        // The table's commit waits for it and fails.
+        let err = commit(vec!["/dev/null".into()], "/dev").await.unwrap_err();
+        assert!(err.to_string().contains("syncing /dev/null"), "{err}");
+        // Retried, the commit still fails: the failure is remembered.
+        let err = commit(vec!["/dev/null".into()], "/dev/shm")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("cannot be committed"), "{err}");
+        // A commit without the file goes on.
+        commit(vec![], &other_root).await.unwrap();
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The catalogs an Iceberg sink commits through, behind one interface:
 //! load and create tables, and commit a metadata change atomically.
 
+pub(crate) mod local;
 mod rest;
 mod s3;
 mod sql;

@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use iceberg::io::LocalFsStorageFactory;
 use iceberg::table::Table;
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
@@ -21,7 +20,6 @@ use sqlx::any::AnyPoolOptions;
 use urutau_planner::sink::SinkError;
 
 use iceberg::MetadataLocation;
-use iceberg::io::FileIO;
 use iceberg::spec::{TableMetadataBuildResult, TableMetadataBuilder};
 
 use super::Outcome;
@@ -134,7 +132,7 @@ impl SqlCatalogConn {
             } else {
                 SqlBindStyle::QMark
             })
-            .with_storage_factory(Arc::new(LocalFsStorageFactory))
+            .with_storage_factory(Arc::new(super::local::LocalStorageFactory))
             .load(name, HashMap::new())
             .await
             .map_err(io_error("opening the SQL catalog"))?;
@@ -228,7 +226,7 @@ impl SqlCatalogConn {
             .map_err(|e| SinkError::Io(format!("creating {}: {e}", metadata_dir.display())))?;
         let metadata_location = MetadataLocation::new_with_metadata(location.clone(), &metadata);
         metadata
-            .write_to(&FileIO::new_with_fs(), &metadata_location)
+            .write_to(&super::local::file_io(), &metadata_location)
             .await
             .map_err(&err)?;
         let metadata_location = metadata_location.to_string();
@@ -426,7 +424,7 @@ pub async fn load_read_only(
         let table = iceberg::table::StaticTable::from_metadata_file(
             &location,
             ident.clone(),
-            FileIO::new_with_fs(),
+            super::local::file_io(),
         )
         .await
         .map_err(io_error("reading the table's metadata"))?;

@@ -1,7 +1,8 @@
 //! Which storage a table's files go through, chosen by the table's
 //! location: `file:` URLs and absolute paths through the local file system
-//! (iceberg's own local storage, whose streaming writers sync a file when
-//! they close it: the rules of [`crate::iceberg::durable`] build on that),
+//! ([`super::local`]: iceberg's local storage whose streaming writers sync
+//! a file in the background once closed; the rules of
+//! [`crate::iceberg::durable`] build on that),
 //! `s3://` (and `s3a://`, `s3n://`) through S3 with the table's properties.
 //! A REST catalog's warehouse can be either: its server says where each
 //! table lives. S3 with a CA file to trust (`ca_cert`, else
@@ -45,7 +46,7 @@ pub fn kind(location: &str) -> Result<Kind, SinkError> {
 /// exactly the certificates of `ca_file` when given, else the system's.
 pub fn file_io(location: &str, props: &Props, ca_file: Option<&Path>) -> Result<FileIO, SinkError> {
     Ok(match (kind(location)?, ca_file) {
-        (Kind::Local, _) => FileIO::new_with_fs(),
+        (Kind::Local, _) => super::local::file_io(),
         (Kind::S3, Some(ca)) => {
             // The file is read now, so a bad one is said before any write.
             crate::tls::root_store(ca)?;

@@ -412,8 +412,9 @@ impl RestCatalogConn {
     /// On a local warehouse, makes the directory entries of the files the
     /// commit adds durable before the catalog can point at them: `added`
     /// (data and delete files) and each new snapshot's manifest list, whose
-    /// directory holds the manifests written with it. The file contents
-    /// are durable already (iceberg's local writers sync on close).
+    /// directory holds the manifests written with it. Their contents were
+    /// synced in the background since they were written
+    /// ([`durable::sync_local`] waits for that).
     async fn sync_local_files(
         &self,
         table: &Table,
