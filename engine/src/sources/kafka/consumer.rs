@@ -426,6 +426,11 @@ impl Consuming {
     /// errors among them. Returns how many were taken.
     fn take(&mut self, at_most: usize, wait: Duration) -> Result<usize, SourceError> {
         let mut errors = Vec::new();
+        // The table of the last message's topic handle: a take's messages
+        // are mostly of one topic, whose name is then neither measured nor
+        // hashed again. Only within this take, whose messages keep their
+        // handles alive.
+        let mut last_topic: Option<(usize, Option<usize>)> = None;
         let taken = self.fetched.take(at_most, wait, |m| {
             if let Some(code) = m.error() {
                 // Answered after the messages taken with it are in the
@@ -433,7 +438,16 @@ impl Consuming {
                 errors.push(KafkaError::MessageConsumption(code));
                 return;
             }
-            let Some(&table) = self.topic_index.get(m.topic()) else {
+            let handle = m.topic_handle();
+            let table = match last_topic {
+                Some((h, table)) if h == handle => table,
+                _ => {
+                    let table = self.topic_index.get(m.topic()).copied();
+                    last_topic = Some((handle, table));
+                    table
+                }
+            };
+            let Some(table) = table else {
                 return;
             };
             let (partition, offset) = (m.partition(), m.offset());

@@ -146,6 +146,12 @@ impl<'a> Fetched<'a> {
             .then(|| self.0.err.into())
     }
 
+    /// The identity of the message's topic handle (0 for none): equal for
+    /// messages of one topic while they are alive.
+    pub fn topic_handle(&self) -> usize {
+        self.0.rkt as usize
+    }
+
     /// The topic's name (empty for an error of no topic).
     pub fn topic(&self) -> &'a [u8] {
         if self.0.rkt.is_null() {
