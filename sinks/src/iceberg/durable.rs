@@ -313,9 +313,17 @@ mod tests {
         // A file that is not there is an error naming it, never a silent
         // success.
         let missing = dir.path().join("gone.json").display().to_string();
-        let err = sync_local(vec![missing.clone()], vec![], "/", &DurableDirs::default())
-            .await
-            .unwrap_err();
+        // (Rooted at the test's directory: a commit rooted at `/` would
+        // wait for the background syncs of every test running beside it.)
+        let root = dir.path().display().to_string();
+        let err = sync_local(
+            vec![missing.clone()],
+            vec![],
+            &root,
+            &DurableDirs::default(),
+        )
+        .await
+        .unwrap_err();
         assert!(err.to_string().contains(&missing), "{err}");
     }
 
