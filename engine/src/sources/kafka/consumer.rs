@@ -165,6 +165,11 @@ impl Consuming {
             // (`queued.max.messages.kbytes`), and the whole response by
             // `fetch.max.bytes` (50 MiB).
             .set("max.partition.fetch.bytes", "4194304")
+            // Fetched ahead: up to 20,000 messages a partition (100,000 by
+            // default, about 100 MB for three partitions of 270-byte
+            // messages with their per-message records): tens of
+            // milliseconds of reading, several fetches' worth.
+            .set("queued.min.messages", "20000")
             // librdkafka connects to a broker it learnt from the metadata
             // (the partitions' leaders) no sooner than half this after its
             // last connection (100 ms by default): 50 ms of every start
