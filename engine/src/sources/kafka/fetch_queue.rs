@@ -92,19 +92,14 @@ impl FetchQueue {
         mut each: impl FnMut(Fetched<'_>),
     ) -> usize {
         let room = at_most.clamp(1, self.taken.len());
-        let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: `taken` has room for `room` pointers; librdkafka fills
-        // the first `n` with messages the caller then owns.
-        let n = unsafe {
-            rd::rd_kafka_consume_batch_queue(
-                self.queue.as_ptr(),
-                wait_ms,
-                self.taken.as_mut_ptr(),
-                room,
-            )
-        };
-        // -1 is an invalid argument, which these are not.
-        let n = usize::try_from(n).unwrap_or(0);
+        let queue = self.queue.as_ptr();
+        let n = fill(&mut self.taken[..room], wait, |wait_ms, into| {
+            // SAFETY: `into` has room for `into.len()` pointers; librdkafka
+            // fills the first `n` with messages the caller then owns.
+            unsafe {
+                rd::rd_kafka_consume_batch_queue(queue, wait_ms, into.as_mut_ptr(), into.len())
+            }
+        });
         let taken = Destroyed(&self.taken[..n]);
         for &m in taken.0 {
             // SAFETY: a message librdkafka handed over, destroyed only by
@@ -120,6 +115,35 @@ impl Drop for FetchQueue {
         // SAFETY: the queue was made by `rd_kafka_queue_new` and is
         // destroyed once; messages still in it are purged.
         unsafe { rd::rd_kafka_queue_destroy(self.queue.as_ptr()) }
+    }
+}
+
+/// Fills the front of `room` by `consume(wait_ms, slots)` (librdkafka's
+/// `rd_kafka_consume_batch_queue`, which returns how many it put at the
+/// front of `slots`, or -1 for an invalid argument); returns how many.
+///
+/// librdkafka's call waits until its slots are full or its timeout has
+/// passed (`rd_kafka_q_serve_rkmessages`), not only for a first message:
+/// asked for 1024 with a wait, it held the last messages of a topic for
+/// the whole wait, and a run that exits when caught up idled that long at
+/// its end. So a wait asks for one message, and the rest of the room is
+/// taken from what is queued then, without waiting.
+fn fill<T>(
+    room: &mut [T],
+    wait: Duration,
+    mut consume: impl FnMut(i32, &mut [T]) -> isize,
+) -> usize {
+    let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    // -1 is an invalid argument, which these are not.
+    let mut call =
+        |wait_ms: i32, slots: &mut [T]| usize::try_from(consume(wait_ms, slots)).unwrap_or(0);
+    if wait_ms == 0 || room.len() == 1 {
+        return call(wait_ms, room);
+    }
+    let (first, rest) = room.split_at_mut(1);
+    match call(wait_ms, first) {
+        0 => 0,
+        _ => 1 + call(0, rest),
     }
 }
 
@@ -231,5 +255,61 @@ unsafe fn bytes<'a>(ptr: *mut std::ffi::c_void, len: usize) -> Option<&'a [u8]> 
     } else {
         // SAFETY: per the contract above.
         Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// librdkafka's batch call, as `fill` sees it: `queued` messages are
+    /// there now, and each call is recorded as (wait, slots). The real
+    /// call waits out its timeout whenever it is given a wait and more
+    /// slots than there are messages; the tests assert that `fill` never
+    /// gives it the chance (a broker cannot be made to show the wait
+    /// without timing the test).
+    struct Queue {
+        queued: usize,
+        calls: Vec<(i32, usize)>,
+    }
+
+    impl Queue {
+        fn fill(&mut self, room: usize, wait: Duration) -> usize {
+            let mut slots = vec![0u8; room];
+            fill(&mut slots, wait, |wait_ms, slots| {
+                self.calls.push((wait_ms, slots.len()));
+                let n = self.queued.min(slots.len());
+                self.queued -= n;
+                n as isize
+            })
+        }
+    }
+
+    #[test]
+    fn a_wait_is_for_the_first_message_and_the_rest_is_taken_as_queued() {
+        let mut q = Queue {
+            queued: 3,
+            calls: vec![],
+        };
+        assert_eq!(q.fill(1024, Duration::from_millis(100)), 3);
+        assert_eq!(q.calls, [(100, 1), (0, 1023)]);
+        // Nothing queued: the one call that waits, for one message.
+        assert_eq!(q.fill(1024, Duration::from_millis(100)), 0);
+        assert_eq!(q.calls[2..], [(100, 1)]);
+    }
+
+    #[test]
+    fn no_wait_takes_what_is_queued_up_to_the_room() {
+        let mut q = Queue {
+            queued: 5000,
+            calls: vec![],
+        };
+        assert_eq!(q.fill(1024, Duration::ZERO), 1024);
+        assert_eq!(q.calls, [(0, 1024)]);
+        assert_eq!(q.fill(1024, Duration::from_secs(1)), 1024);
+        assert_eq!(q.calls[1..], [(1000, 1), (0, 1023)]);
+        assert_eq!(q.fill(1, Duration::from_secs(1)), 1);
+        assert_eq!(q.calls[3..], [(1000, 1)]);
+        assert_eq!(q.queued, 5000 - 2049);
     }
 }
