@@ -124,10 +124,10 @@ impl Drop for FetchQueue {
 ///
 /// librdkafka's call waits until its slots are full or its timeout has
 /// passed (`rd_kafka_q_serve_rkmessages`), not only for a first message:
-/// asked for 1024 with a wait, it held the last messages of a topic for
-/// the whole wait, and a run that exits when caught up idled that long at
-/// its end. So a wait asks for one message, and the rest of the room is
-/// taken from what is queued then, without waiting.
+/// asked for 1024 with a wait, it held a lone message (or the last ones of
+/// a backlog) for the rest of the wait, and the batch holding them could
+/// not close meanwhile. So a wait asks for one message, and the rest of
+/// the room is taken from what is queued then, without waiting.
 fn fill<T>(
     room: &mut [T],
     wait: Duration,
