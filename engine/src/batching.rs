@@ -30,6 +30,17 @@ impl BatchPolicy {
         rows > 0
             && (rows >= self.max_rows || opened.is_some_and(|t| t.elapsed() >= self.max_interval))
     }
+
+    /// How long a source may wait for more changes, `longest` at most,
+    /// before it must look at [`BatchPolicy::should_close`] again: an open
+    /// batch closes on time, not after a wait that began just before its
+    /// `max_interval` ran out.
+    pub fn wait_limit(&self, rows: usize, opened: Option<Instant>, longest: Duration) -> Duration {
+        match opened {
+            Some(t) if rows > 0 => self.max_interval.saturating_sub(t.elapsed()).min(longest),
+            _ => longest,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -46,5 +57,29 @@ mod tests {
         assert!(!p.should_close(2, Some(Instant::now())));
         assert!(p.should_close(3, Some(Instant::now())));
         assert!(p.should_close(1, Some(Instant::now() - Duration::from_millis(60))));
+    }
+
+    #[test]
+    fn an_open_batch_waits_no_longer_than_its_interval_has_left() {
+        let p = BatchPolicy {
+            max_rows: 3,
+            max_interval: Duration::from_millis(500),
+        };
+        let longest = Duration::from_millis(100);
+        // No batch open: the longest wait.
+        assert_eq!(p.wait_limit(0, None, longest), longest);
+        assert_eq!(p.wait_limit(0, Some(Instant::now()), longest), longest);
+        // Open with most of its interval left: the longest wait still.
+        assert_eq!(p.wait_limit(1, Some(Instant::now()), longest), longest);
+        // Open with 50 ms at most left: no longer than that.
+        let left = p.wait_limit(
+            1,
+            Some(Instant::now() - Duration::from_millis(450)),
+            longest,
+        );
+        assert!(left <= Duration::from_millis(50), "{left:?}");
+        // Due: no wait.
+        let due = Some(Instant::now() - Duration::from_secs(1));
+        assert_eq!(p.wait_limit(1, due, longest), Duration::ZERO);
     }
 }

@@ -422,9 +422,14 @@ impl Consuming {
                     )));
                 }
             }
-            // Up to the batch's limit; a wait only when nothing is queued.
+            // Up to the batch's limit; a wait only when nothing is queued,
+            // and not past the open batch's `max_batch_interval`.
             let room = self.cfg.policy.max_rows.saturating_sub(self.batch.len());
-            if self.take(room, Duration::ZERO)? == 0 && self.take(room, POLL)? == 0 {
+            let wait = self
+                .cfg
+                .policy
+                .wait_limit(self.batch.len(), self.opened, POLL);
+            if self.take(room, Duration::ZERO)? == 0 && self.take(room, wait)? == 0 {
                 self.idle()?;
             }
             if self.cfg.policy.should_close(self.batch.len(), self.opened) && !self.flush(out) {
