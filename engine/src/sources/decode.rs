@@ -414,7 +414,8 @@ impl TableDecoder {
         // Images usually list the columns in their declared order: the
         // next one is tried before the name lookup.
         let mut next = 0;
-        for field in json_text::fields(raw) {
+        let mut fields = json_text::fields(raw);
+        while let Some(field) = fields.next() {
             let (key, value) = field.map_err(|e| DecodeError {
                 field: None,
                 message: format!("the row image is not a JSON object: {e}"),
@@ -442,7 +443,13 @@ impl TableDecoder {
                 return Err(at("appears twice in the row".to_string()));
             }
             self.set[i] = true;
-            append_value(&mut self.columns[i], value, line).map_err(at)?;
+            append_value(
+                &mut self.columns[i],
+                value,
+                fields.plain_string(value),
+                line,
+            )
+            .map_err(at)?;
         }
         Ok(())
     }
@@ -665,8 +672,15 @@ fn top_level_fields_into<'a>(
     true
 }
 
-/// Appends one field's value, from its JSON text, to its column.
-fn append_value(column: &mut Column, raw: &str, line: u64) -> Result<(), String> {
+/// Appends one field's value, from its JSON text, to its column;
+/// `plain` is the content of a string value without escapes, when the
+/// scan of the row knows it is one (`None`: read `raw` as it is).
+fn append_value(
+    column: &mut Column,
+    raw: &str,
+    plain: Option<&str>,
+    line: u64,
+) -> Result<(), String> {
     let raw_path = matches!(
         column.builder,
         Builder::Decimal(..) | Builder::Json(_) | Builder::Nested(..)
@@ -676,11 +690,14 @@ fn append_value(column: &mut Column, raw: &str, line: u64) -> Result<(), String>
             Logical::DecimalBytes { .. } | Logical::VariableDecimal
         );
     if raw_path {
-        return append_raw(column, raw, line);
+        return append_raw(column, raw, plain, line);
     }
     let v = ValueVisitor { column };
     let done: Result<(), de::value::Error> = match raw.as_bytes().first() {
-        Some(b'"') => v.visit_str(&json_text::string(raw)?),
+        Some(b'"') => match plain {
+            Some(text) => v.visit_str(text),
+            None => v.visit_str(&json_text::string(raw)?),
+        },
         Some(b'{') => Err(v.fail("{...}")),
         Some(b'[') => Err(v.fail("[...]")),
         _ => match raw {
@@ -701,8 +718,9 @@ fn mismatch(value: &str, ty: &CanonicalType) -> String {
     format!("value {} does not fit {ty}", shorten(value))
 }
 
-/// Decimals, JSON, unknown and nested values, from their raw JSON text.
-fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
+/// Decimals, JSON, unknown and nested values, from their raw JSON text
+/// (`plain`: as for [`append_value`]).
+fn append_raw(c: &mut Column, raw: &str, plain: Option<&str>, line: u64) -> Result<(), String> {
     if raw == "null" {
         return append_null(c, false, line).map_err(|e| e.message);
     }
@@ -729,10 +747,10 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
     }
     match &mut c.builder {
         Builder::Decimal(b, p, s) => {
-            let text: Cow<str> = if raw.starts_with('"') {
-                json_text::string(raw)?
-            } else {
-                Cow::Borrowed(raw)
+            let text: Cow<str> = match plain {
+                Some(text) => Cow::Borrowed(text),
+                None if raw.starts_with('"') => json_text::string(raw)?,
+                None => Cow::Borrowed(raw),
             };
             let v = parse_decimal(&text, *p, *s).map_err(|why| {
                 let hint = if base64::engine::general_purpose::STANDARD.decode(text.as_ref()).is_ok() {
@@ -749,7 +767,9 @@ fn append_raw(c: &mut Column, raw: &str, line: u64) -> Result<(), String> {
             // string holding JSON); anything else is kept as JSON text,
             // once it is known to be JSON (the row's scan checked only its
             // brackets).
-            if raw.starts_with('"') {
+            if let Some(text) = plain {
+                b.append_value(text);
+            } else if raw.starts_with('"') {
                 b.append_value(json_text::string(raw)?);
             } else {
                 serde_json::from_str::<de::IgnoredAny>(raw)
