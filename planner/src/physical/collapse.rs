@@ -9,9 +9,9 @@ use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
+use arrow::compute::filter_record_batch;
 use arrow::compute::kernels::zip::zip;
-use arrow::compute::take_record_batch;
 use arrow::datatypes::{DataType, Int64Type};
 use arrow_row::{RowConverter, SortField};
 use datafusion::common::{Result, internal_err};
@@ -60,8 +60,8 @@ impl DisplayAs for CollapseExec {
     }
 }
 
-/// Indices of the rows that win for their key, ascending.
-fn winners(batch: &RecordBatch, key_indices: &[usize]) -> Result<Vec<u32>> {
+/// Which rows win for their key (`true` at each winner).
+fn winners(batch: &RecordBatch, key_indices: &[usize]) -> Result<Vec<bool>> {
     let n = batch.num_rows();
     let mut last: Vec<bool> = vec![false; n];
     // Fast path: one Int64 key, the common case.
@@ -111,7 +111,7 @@ fn winners(batch: &RecordBatch, key_indices: &[usize]) -> Result<Vec<u32>> {
             last[i] = true;
         }
     }
-    Ok((0..n as u32).filter(|i| last[*i as usize]).collect())
+    Ok(last)
 }
 
 /// Collapses one batch (layout: `__op`, `__before`, then data columns).
@@ -119,11 +119,14 @@ pub fn collapse_batch(batch: &RecordBatch, key_indices: &[usize]) -> Result<Reco
     let schema = batch.schema();
     let op_idx = schema.index_of(context::OP)?;
     let before_idx = schema.index_of(context::BEFORE)?;
-    let keep = winners(batch, key_indices)?;
-    let collapsed = if keep.len() == batch.num_rows() {
+    let keep = BooleanArray::from(winners(batch, key_indices)?);
+    // A filter, not a take of the winners' indices: most rows win, and a
+    // filter copies runs of them at once (the take, value by value, was
+    // the collapse's largest cost).
+    let collapsed = if keep.true_count() == batch.num_rows() {
         batch.clone()
     } else {
-        take_record_batch(batch, &UInt32Array::from(keep))?
+        filter_record_batch(batch, &keep)?
     };
     let before = collapsed.column(before_idx).as_boolean();
     if before.true_count() == 0 {
@@ -173,5 +176,88 @@ impl ExecutionPlan for CollapseExec {
             self.schema(),
             stream,
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{Field, Schema};
+
+    /// A batch of `(op, before, id, v)` rows.
+    fn batch(rows: &[(&str, bool, i64, &str)]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(context::OP, DataType::Utf8, false),
+            Field::new(context::BEFORE, DataType::Boolean, false),
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(BooleanArray::from_iter(rows.iter().map(|r| Some(r.1)))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.3))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn rows(b: &RecordBatch) -> Vec<(String, bool, i64, String)> {
+        (0..b.num_rows())
+            .map(|i| {
+                (
+                    b.column(0).as_string::<i32>().value(i).to_string(),
+                    b.column(1).as_boolean().value(i),
+                    b.column(2).as_primitive::<Int64Type>().value(i),
+                    b.column(3).as_string::<i32>().value(i).to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_last_change_of_each_key_wins_in_the_order_of_those_changes() {
+        let input = batch(&[
+            ("insert", false, 1, "a"),
+            ("insert", false, 2, "b"),
+            ("update", false, 1, "a2"),
+            ("insert", false, 3, "c"),
+            ("delete", false, 2, "b"),
+            // An update that moved key 4 to 5: its before image wins for 4.
+            ("insert", false, 4, "d"),
+            ("update", false, 5, "d"),
+            ("update", true, 4, "d"),
+        ]);
+        let out = collapse_batch(&input, &[2]).unwrap();
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            rows(&out),
+            vec![
+                (s("update"), false, 1, s("a2")),
+                (s("insert"), false, 3, s("c")),
+                (s("delete"), false, 2, s("b")),
+                (s("update"), false, 5, s("d")),
+                (s("delete"), false, 4, s("d")),
+            ]
+        );
+        // A key of two columns (the general path): (1, a) and (1, a2) are
+        // different keys.
+        assert_eq!(
+            rows(&collapse_batch(&input, &[2, 3]).unwrap()),
+            vec![
+                (s("insert"), false, 1, s("a")),
+                (s("update"), false, 1, s("a2")),
+                (s("insert"), false, 3, s("c")),
+                (s("delete"), false, 2, s("b")),
+                (s("update"), false, 5, s("d")),
+                (s("delete"), false, 4, s("d")),
+            ]
+        );
+        // Every key once: the batch as it is.
+        let unique = batch(&[("insert", false, 1, "a"), ("update", false, 2, "b")]);
+        assert_eq!(rows(&collapse_batch(&unique, &[2]).unwrap()), rows(&unique));
     }
 }
