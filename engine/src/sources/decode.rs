@@ -443,13 +443,7 @@ impl TableDecoder {
                 return Err(at("appears twice in the row".to_string()));
             }
             self.set[i] = true;
-            append_value(
-                &mut self.columns[i],
-                value,
-                fields.plain_string(value),
-                line,
-            )
-            .map_err(at)?;
+            append_value(&mut self.columns[i], value, fields.plain_string(), line).map_err(at)?;
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ pub fn fields(text: &str) -> Fields<'_> {
         text,
         at: 0,
         state: State::Start,
-        plain_string: false,
+        plain_string: None,
     }
 }
 
@@ -32,8 +32,9 @@ pub struct Fields<'a> {
     text: &'a str,
     at: usize,
     state: State,
-    /// The value of the field last returned is a string without escapes.
-    plain_string: bool,
+    /// Where the content of the value of the field last returned lies in
+    /// `text`, when that value is a string without escapes.
+    plain_string: Option<(usize, usize)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -67,9 +68,8 @@ impl<'a> Fields<'a> {
     /// that found its end has read it already, and a typed reader need
     /// not look for escapes again ([`string`] would; that second look
     /// was a thirtieth of a decoding lane).
-    pub fn plain_string(&self, raw: &'a str) -> Option<&'a str> {
-        // The scan found the closing quote: `raw` has both quotes.
-        self.plain_string.then(|| cut(raw, 1, raw.len() - 1))
+    pub fn plain_string(&self) -> Option<&'a str> {
+        self.plain_string.map(|(from, to)| cut(self.text, from, to))
     }
 
     /// The next field; `None` at the object's end.
@@ -112,7 +112,8 @@ impl<'a> Fields<'a> {
         i = skip_ws(b, i + 1);
         let value_end = match skip_value(b, i) {
             Ok((end, plain_string)) => {
-                self.plain_string = plain_string;
+                // Inside its quotes, which the scan found.
+                self.plain_string = plain_string.then_some((i + 1, end - 1));
                 end
             }
             Err(e) => return Some(Err(e)),
@@ -447,7 +448,8 @@ mod tests {
         let mut seen = Vec::new();
         while let Some(field) = it.next() {
             let (key, raw) = field.unwrap();
-            seen.push((key.into_owned(), it.plain_string(raw)));
+            assert!(it.plain_string().is_none_or(|p| raw == format!("\"{p}\"")));
+            seen.push((key.into_owned(), it.plain_string()));
         }
         assert_eq!(
             seen,
