@@ -348,8 +348,11 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         &cb,
         "lost",
         // (`retry_timeout = '0s'`: the run does not retry the outage, so
-        // it ends after the sink's own `retry_for`.)
-        ", timeout = '1s', retry_for = '3s', retry_timeout = '0s'",
+        // it ends after the sink's own `retry_for`. A `timeout` of 2 s,
+        // not 1 s: more room for the first contact with the mock on a
+        // loaded machine, where a timeout before the first commit would
+        // end the run as the outage does.)
+        ", timeout = '2s', retry_for = '3s', retry_timeout = '0s'",
         "",
     );
     // Tailing the file: it runs until it fails.
@@ -359,7 +362,26 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    wait_committed(&cb, "lost", String::new);
+    // Until the first commit, a run that ends says why (CI once saw no
+    // first commit in 60 s here, and nothing said why).
+    let started = Instant::now();
+    while cb.get("lost", "_default", "items", &[CONTROL.into()])[CONTROL].is_null() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
+            panic!("the run ended ({status}) before its first commit: {stderr}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "nothing was committed in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     cb.stop();
     let lost = Instant::now();
     // More changes arrive while the cluster is gone.
@@ -384,7 +406,7 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         .read_to_string(&mut stderr)
         .unwrap();
     assert_eq!(status.code(), Some(1), "{stderr}");
-    // timeout 1 s + retry_for 3 s, plus one backoff and the time to notice.
+    // timeout 2 s + retry_for 3 s, plus one backoff and the time to notice.
     assert!(
         waited < Duration::from_secs(12),
         "exited {waited:?} after the loss: {stderr}"
