@@ -355,33 +355,16 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         ", timeout = '2s', retry_for = '3s', retry_timeout = '0s'",
         "",
     );
+    let log_path = dir.path().join("run.log");
     // Tailing the file: it runs until it fails.
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_urutau"))
         .args(["run", p.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
         .unwrap();
-    // Until the first commit, a run that ends says why (CI once saw no
-    // first commit in 60 s here, and nothing said why).
-    let started = Instant::now();
-    while cb.get("lost", "_default", "items", &[CONTROL.into()])[CONTROL].is_null() {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr)
-                .unwrap();
-            panic!("the run ended ({status}) before its first commit: {stderr}");
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "nothing was committed in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    wait_committed(&cb, "lost", &mut child, log);
     cb.stop();
     let lost = Instant::now();
     // More changes arrive while the cluster is gone.
@@ -397,14 +380,7 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let waited = lost.elapsed();
-    let mut stderr = String::new();
-    use std::io::Read;
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = log();
     assert_eq!(status.code(), Some(1), "{stderr}");
     // timeout 2 s + retry_for 3 s, plus one backoff and the time to notice.
     assert!(
@@ -427,11 +403,24 @@ fn a_lost_cluster_stops_the_run_with_a_clear_error() {
     );
 }
 
-/// Waits (at most 60 s) for the run's first commit into `bucket`'s
-/// `items` (its control document); `log` says why not.
-fn wait_committed(cb: &Couchbase, bucket: &str, log: impl Fn() -> String) {
+/// Waits (at most 60 s) for the first commit of the run `child` into
+/// `bucket`'s `items` (its control document); `log` says why not, also
+/// when the run ends first (CI once saw no first commit in 60 s, and
+/// nothing said why).
+fn wait_committed(
+    cb: &Couchbase,
+    bucket: &str,
+    child: &mut std::process::Child,
+    log: impl Fn() -> String,
+) {
     let started = Instant::now();
     while cb.get(bucket, "_default", "items", &[CONTROL.into()])[CONTROL].is_null() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "the run ended ({status}) before its first commit:\n{}",
+                log()
+            );
+        }
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "nothing was committed:\n{}",
@@ -492,7 +481,7 @@ fn a_cluster_that_stops_answering_is_waited_out_and_ends_equal() {
             }
         })
     };
-    wait_committed(&cb, "paused", log);
+    wait_committed(&cb, "paused", &mut child, log);
 
     cb.pause();
     let paused = Instant::now();
