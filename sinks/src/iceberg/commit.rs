@@ -39,10 +39,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::str::FromStr;
 
 use iceberg::spec::{
-    DataContentType, DataFile, MAIN_BRANCH, ManifestEntryRef, ManifestFile, ManifestListWriter,
-    ManifestWriterBuilder, Operation, PartitionSpecRef, Snapshot, SnapshotSummaryCollector,
-    Summary, TableMetadata, TableMetadataBuildResult, TableMetadataBuilder,
-    UNASSIGNED_SEQUENCE_NUMBER,
+    DataContentType, DataFile, FormatVersion, MAIN_BRANCH, ManifestEntryRef, ManifestFile,
+    ManifestListWriter, ManifestWriterBuilder, Operation, PartitionSpecRef, Snapshot, SnapshotRef,
+    SnapshotSummaryCollector, Summary, TableMetadata, TableMetadataBuildResult,
+    TableMetadataBuilder, UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, Runtime};
@@ -52,6 +52,7 @@ use urutau_planner::sink::SinkError;
 use super::compaction::LiveFile;
 use super::io_error;
 use super::manifest_merge::merge_manifests;
+use super::written_lists::WRITTEN;
 
 /// The branch the parts of an open transaction are staged on.
 pub const STAGING_BRANCH: &str = "urutau-staging";
@@ -308,8 +309,19 @@ impl<'a> NewSnapshot<'a> {
             self.parent_id,
             self.seq,
         );
+        let md = self.table.metadata();
+        let written = (md.format_version() == FormatVersion::V2).then(|| manifests.clone());
         list.add_manifests(manifests.into_iter()).map_err(err)?;
         list.close().await.map_err(err)?;
+        if let Some(manifests) = written {
+            WRITTEN.keep(
+                &list_path,
+                md.format_version(),
+                self.id,
+                self.seq,
+                &manifests,
+            );
+        }
         Ok(Snapshot::builder()
             .with_snapshot_id(self.id)
             .with_parent_snapshot_id(self.parent_id)
@@ -437,17 +449,11 @@ pub async fn build_row_delta(
     let carried = async {
         match parent {
             None => Ok(Vec::new()),
-            Some(p) => table
-                .manifest_list_reader(p)
-                .load()
-                .await
-                .map_err(snapshot_error)
-                .map(|list| {
-                    list.consume_entries()
-                        .into_iter()
-                        .filter(|m| m.has_added_files() || m.has_existing_files())
-                        .collect::<Vec<_>>()
-                }),
+            Some(p) => parent_manifests(table, p).await.map(|list| {
+                list.into_iter()
+                    .filter(|m| m.has_added_files() || m.has_existing_files())
+                    .collect::<Vec<_>>()
+            }),
         }
     };
     // Many small manifests are merged (see `manifest_merge`).
@@ -476,6 +482,40 @@ pub async fn build_row_delta(
         .and_then(|b| b.remove_properties(&mark_clear))
         .and_then(|b| b.build())
         .map_err(snapshot_error)
+}
+
+/// The manifests `parent`'s list holds: as this process wrote them when
+/// it did ([`WRITTEN`]), else read from the list file.
+async fn parent_manifests(
+    table: &Table,
+    parent: &SnapshotRef,
+) -> Result<Vec<ManifestFile>, SinkError> {
+    let read = || async {
+        table
+            .manifest_list_reader(parent)
+            .load()
+            .await
+            .map_err(snapshot_error)
+            .map(|list| list.consume_entries().into_iter().collect::<Vec<_>>())
+    };
+    let kept = match parent.encryption_key_id() {
+        None => WRITTEN.get(parent.manifest_list()),
+        Some(_) => None,
+    };
+    let Some(kept) = kept else {
+        return read().await;
+    };
+    if cfg!(debug_assertions) {
+        // The tests' check that what is kept is what the file holds.
+        let from_file = read().await?;
+        assert_eq!(
+            from_file.as_slice(),
+            &kept[..],
+            "the manifest list {} as kept differs from its file",
+            parent.manifest_list()
+        );
+    }
+    Ok(kept.to_vec())
 }
 
 /// Whether `md` holds parts of a transaction staged by a run that did not
@@ -618,7 +658,17 @@ fn by_content_and_spec(files: &[&LiveFile]) -> Vec<((bool, i32), Vec<ManifestEnt
 /// The table's metadata as the builder of its next version (the current
 /// metadata file recorded as its predecessor).
 pub fn next_metadata(table: &Table) -> Result<TableMetadataBuilder, iceberg::Error> {
-    let current = table.metadata_location_result()?.to_string();
+    // Not `metadata_location_result`: it builds its error (a backtrace,
+    // when enabled) even when there is a location.
+    let current = table
+        .metadata_location()
+        .map(str::to_string)
+        .ok_or_else(|| {
+            iceberg::Error::new(
+                iceberg::ErrorKind::DataInvalid,
+                format!("the table {} has no metadata location", table.identifier()),
+            )
+        })?;
     Ok(table.metadata().clone().into_builder(Some(current)))
 }
 

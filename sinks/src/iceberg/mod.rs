@@ -23,6 +23,7 @@ mod read;
 pub mod schema;
 mod snapshot_group;
 mod uuid_text;
+mod written_lists;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
