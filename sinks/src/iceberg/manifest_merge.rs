@@ -133,12 +133,13 @@ async fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::iceberg::test_manifest;
 
     #[test]
     fn small_manifests_are_binned_up_to_the_target() {
         let m = |len: i64| ManifestFile {
             manifest_length: len,
-            ..test_manifest()
+            ..test_manifest("m.avro", 1, 1)
         };
         let sizes = |bins: Vec<Vec<ManifestFile>>| {
             bins.iter()
@@ -151,26 +152,5 @@ mod tests {
             vec![vec![half, half], vec![1, half - 1, 10]]
         );
         assert!(bins(vec![]).is_empty());
-    }
-
-    fn test_manifest() -> ManifestFile {
-        ManifestFile {
-            manifest_path: "m.avro".to_string(),
-            manifest_length: 0,
-            partition_spec_id: 0,
-            content: ManifestContentType::Data,
-            sequence_number: 1,
-            min_sequence_number: 1,
-            added_snapshot_id: 1,
-            added_files_count: Some(1),
-            existing_files_count: Some(0),
-            deleted_files_count: Some(0),
-            added_rows_count: Some(1),
-            existing_rows_count: Some(0),
-            deleted_rows_count: Some(0),
-            partitions: None,
-            key_metadata: None,
-            first_row_id: None,
-        }
     }
 }

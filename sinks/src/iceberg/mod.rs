@@ -1560,3 +1560,28 @@ fn conform_by_name(batch: &RecordBatch, table: &ArrowSchemaRef) -> Result<Record
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new(Arc::clone(table), columns).map_err(|e| e.to_string())
 }
+
+/// A data manifest's entry in a list, for the tests of the modules that
+/// read, keep or merge lists: one file of one row, added by `added_by` with
+/// sequence number `seq`.
+#[cfg(test)]
+pub(crate) fn test_manifest(path: &str, added_by: i64, seq: i64) -> iceberg::spec::ManifestFile {
+    iceberg::spec::ManifestFile {
+        manifest_path: path.to_string(),
+        manifest_length: 10,
+        partition_spec_id: 0,
+        content: iceberg::spec::ManifestContentType::Data,
+        sequence_number: seq,
+        min_sequence_number: seq,
+        added_snapshot_id: added_by,
+        added_files_count: Some(1),
+        existing_files_count: Some(0),
+        deleted_files_count: Some(0),
+        added_rows_count: Some(1),
+        existing_rows_count: Some(0),
+        deleted_rows_count: Some(0),
+        partitions: None,
+        key_metadata: None,
+        first_row_id: None,
+    }
+}

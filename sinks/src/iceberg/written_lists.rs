@@ -81,30 +81,8 @@ impl WrittenLists {
 
 #[cfg(test)]
 mod tests {
-    use iceberg::spec::ManifestContentType;
-
     use super::*;
-
-    fn manifest(path: &str, added_by: i64, seq: i64) -> ManifestFile {
-        ManifestFile {
-            manifest_path: path.to_string(),
-            manifest_length: 10,
-            partition_spec_id: 0,
-            content: ManifestContentType::Data,
-            sequence_number: seq,
-            min_sequence_number: seq,
-            added_snapshot_id: added_by,
-            added_files_count: Some(1),
-            existing_files_count: Some(0),
-            deleted_files_count: Some(0),
-            added_rows_count: Some(1),
-            existing_rows_count: Some(0),
-            deleted_rows_count: Some(0),
-            partitions: None,
-            key_metadata: None,
-            first_row_id: None,
-        }
-    }
+    use crate::iceberg::test_manifest as manifest;
 
     #[test]
     fn a_kept_list_holds_its_manifests_with_their_sequence_numbers_assigned() {
