@@ -10,7 +10,8 @@
 //! Two stages: a task prepares each batch ([`Sink::prepare`], e.g. writes
 //! its data files) while the stream commits the batch before it, so a
 //! commit's waits (fsyncs, the catalog's round trip) overlap the next
-//! batch's encoding. Commits stay one at a time and in order, and a
+//! batch's encoding; and ahead of them a task computes the plan's next
+//! batch (casts, collapse). Commits stay one at a time and in order, and a
 //! batch's position is committed only with its own data.
 
 use std::any::Any;
@@ -186,6 +187,29 @@ enum Done {
     },
 }
 
+/// The plan's batches, computed on a task of their own (the casts of the
+/// projection, the collapse by key) one batch ahead of stage one, which
+/// meanwhile writes the batch before: on the bench's Kafka run the sink's
+/// first stage had both on one task. Dropping the receiver ends the task
+/// at its next batch; dropping the task aborts it.
+fn read_ahead(
+    mut input: SendableRecordBatchStream,
+) -> (
+    tokio::sync::mpsc::Receiver<Result<RecordBatch>>,
+    SpawnedTask<()>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let reading = SpawnedTask::spawn(async move {
+        while let Some(batch) = input.next().await {
+            let failed = batch.is_err();
+            if tx.send(batch).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    (rx, reading)
+}
+
 /// Stage one for one plan batch: its boundary, the rows the sink writes,
 /// and the sink's work ahead of the commit.
 async fn prepare(
@@ -325,14 +349,20 @@ impl ExecutionPlan for SinkExec {
             let sink = Arc::clone(&sink);
             let target = Arc::clone(&target);
             SpawnedTask::spawn(async move {
-                let mut input = input;
-                while let Some(batch) = input.next().await {
+                let (mut input, reading) = read_ahead(input);
+                while let Some(batch) = input.recv().await {
                     let item =
                         prepare(&*sink, &target, &feed, &target_schema, skip_deletes, batch).await;
                     let failed = item.is_err();
                     if prepared_tx.send(item).await.is_err() || failed {
-                        break;
+                        return;
                     }
+                }
+                // The input ended: a panic there is an error, not an end.
+                if let Err(e) = reading.join().await {
+                    let _ = prepared_tx
+                        .send(internal_err!("reading the sink's input stopped: {e}"))
+                        .await;
                 }
             })
         };
@@ -393,5 +423,67 @@ impl ExecutionPlan for SinkExec {
             }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::common::exec_err;
+
+    use super::*;
+
+    fn batch(v: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()
+    }
+
+    fn stream(items: Vec<Result<RecordBatch>>) -> SendableRecordBatchStream {
+        Box::pin(RecordBatchStreamAdapter::new(
+            batch(0).schema(),
+            futures::stream::iter(items),
+        ))
+    }
+
+    #[tokio::test]
+    async fn read_ahead_gives_the_batches_in_order_and_stops_at_the_first_error() {
+        let (mut rx, reading) = read_ahead(stream(vec![
+            Ok(batch(1)),
+            Ok(batch(2)),
+            exec_err!("the plan failed"),
+            Ok(batch(4)),
+        ]));
+        let mut got = Vec::new();
+        while let Some(item) = rx.recv().await {
+            got.push(item.map(|b| {
+                b.column(0)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .value(0)
+            }));
+        }
+        assert_eq!(got.len(), 3, "nothing after the error");
+        assert_eq!(got[0].as_ref().unwrap(), &1);
+        assert_eq!(got[1].as_ref().unwrap(), &2);
+        assert!(
+            got[2]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("the plan failed")
+        );
+        reading.join().await.expect("the task ended by itself");
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_reading_is_seen_by_joining_the_task() {
+        let panicking = futures::stream::iter([1]).map(|_| -> Result<RecordBatch> {
+            panic!("the collapse panicked");
+        });
+        let input: SendableRecordBatchStream =
+            Box::pin(RecordBatchStreamAdapter::new(batch(0).schema(), panicking));
+        let (mut rx, reading) = read_ahead(input);
+        assert!(rx.recv().await.is_none(), "the channel closes");
+        assert!(reading.join().await.is_err(), "the panic is an error");
     }
 }
