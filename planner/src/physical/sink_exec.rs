@@ -189,9 +189,9 @@ enum Done {
 
 /// The plan's batches, computed on a task of their own (the casts of the
 /// projection, the collapse by key) one batch ahead of stage one, which
-/// meanwhile writes the batch before: on the bench's Kafka run the sink's
-/// first stage had both on one task. Dropping the receiver ends the task
-/// at its next batch; dropping the task aborts it.
+/// meanwhile writes the batch before (on one task, neither overlapped the
+/// other). Dropping the receiver ends the task at its next batch; dropping
+/// the task aborts it.
 fn read_ahead(
     mut input: SendableRecordBatchStream,
 ) -> (
