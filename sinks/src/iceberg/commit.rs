@@ -309,18 +309,12 @@ impl<'a> NewSnapshot<'a> {
             self.parent_id,
             self.seq,
         );
-        let md = self.table.metadata();
-        let written = (md.format_version() == FormatVersion::V2).then(|| manifests.clone());
+        let version = self.table.metadata().format_version();
+        let written = (version == FormatVersion::V2).then(|| manifests.clone());
         list.add_manifests(manifests.into_iter()).map_err(err)?;
         list.close().await.map_err(err)?;
         if let Some(manifests) = written {
-            WRITTEN.keep(
-                &list_path,
-                md.format_version(),
-                self.id,
-                self.seq,
-                &manifests,
-            );
+            WRITTEN.keep(&list_path, version, self.id, self.seq, manifests);
         }
         Ok(Snapshot::builder()
             .with_snapshot_id(self.id)
@@ -449,11 +443,7 @@ pub async fn build_row_delta(
     let carried = async {
         match parent {
             None => Ok(Vec::new()),
-            Some(p) => parent_manifests(table, p).await.map(|list| {
-                list.into_iter()
-                    .filter(|m| m.has_added_files() || m.has_existing_files())
-                    .collect::<Vec<_>>()
-            }),
+            Some(p) => carried_manifests(table, p).await,
         }
     };
     // Many small manifests are merged (see `manifest_merge`).
@@ -484,12 +474,14 @@ pub async fn build_row_delta(
         .map_err(snapshot_error)
 }
 
-/// The manifests `parent`'s list holds: as this process wrote them when
-/// it did ([`WRITTEN`]), else read from the list file.
-async fn parent_manifests(
+/// The manifests of `parent`'s list that still hold live files (see
+/// [`build_row_delta`]): from the list as this process wrote it, when it
+/// did ([`WRITTEN`]), else from the list file.
+async fn carried_manifests(
     table: &Table,
     parent: &SnapshotRef,
 ) -> Result<Vec<ManifestFile>, SinkError> {
+    let live = |m: &ManifestFile| m.has_added_files() || m.has_existing_files();
     let read = || async {
         table
             .manifest_list_reader(parent)
@@ -503,7 +495,7 @@ async fn parent_manifests(
         Some(_) => None,
     };
     let Some(kept) = kept else {
-        return read().await;
+        return Ok(read().await?.into_iter().filter(|m| live(m)).collect());
     };
     if cfg!(debug_assertions) {
         // The tests' check that what is kept is what the file holds.
@@ -515,7 +507,7 @@ async fn parent_manifests(
             parent.manifest_list()
         );
     }
-    Ok(kept.to_vec())
+    Ok(kept.iter().filter(|m| live(m)).cloned().collect())
 }
 
 /// Whether `md` holds parts of a transaction staged by a run that did not
@@ -658,18 +650,21 @@ fn by_content_and_spec(files: &[&LiveFile]) -> Vec<((bool, i32), Vec<ManifestEnt
 /// The table's metadata as the builder of its next version (the current
 /// metadata file recorded as its predecessor).
 pub fn next_metadata(table: &Table) -> Result<TableMetadataBuilder, iceberg::Error> {
-    // Not `metadata_location_result`: it builds its error (a backtrace,
-    // when enabled) even when there is a location.
-    let current = table
+    let current = current_metadata_location(table)
+        .map_err(|e| iceberg::Error::new(iceberg::ErrorKind::DataInvalid, e))?;
+    Ok(table
+        .metadata()
+        .clone()
+        .into_builder(Some(current.to_string())))
+}
+
+/// The table's current metadata file, or why there is none. Not
+/// `metadata_location_result`, which builds its error (a backtrace, when
+/// enabled) even when there is a location: twice on every commit.
+pub fn current_metadata_location(table: &Table) -> Result<&str, String> {
+    table
         .metadata_location()
-        .map(str::to_string)
-        .ok_or_else(|| {
-            iceberg::Error::new(
-                iceberg::ErrorKind::DataInvalid,
-                format!("the table {} has no metadata location", table.identifier()),
-            )
-        })?;
-    Ok(table.metadata().clone().into_builder(Some(current)))
+        .ok_or_else(|| format!("the table {} has no metadata location", table.identifier()))
 }
 
 /// New metadata with only `cdc.position` changed (progress without data:

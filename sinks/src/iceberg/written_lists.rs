@@ -37,13 +37,12 @@ impl WrittenLists {
         version: FormatVersion,
         snapshot_id: i64,
         seq: i64,
-        manifests: &[ManifestFile],
+        mut manifests: Vec<ManifestFile>,
     ) {
         if version != FormatVersion::V2 {
             return;
         }
-        let mut written: Vec<ManifestFile> = manifests.to_vec();
-        for m in &mut written {
+        for m in &mut manifests {
             let added_by = m.added_snapshot_id;
             // As `ManifestListWriter` assigns them (it refuses an
             // unassigned number of another snapshot's manifest, so nothing
@@ -62,7 +61,7 @@ impl WrittenLists {
         if kept.len() >= KEEP {
             kept.pop_front();
         }
-        kept.push_back((path.to_string(), written.into()));
+        kept.push_back((path.to_string(), manifests.into()));
     }
 
     /// What the list at `path` holds, when this process wrote it lately.
@@ -89,7 +88,7 @@ mod tests {
         let lists = WrittenLists::default();
         let new = manifest("m-new", 7, UNASSIGNED_SEQUENCE_NUMBER);
         let old = manifest("m-old", 3, 2);
-        lists.keep("list-a", FormatVersion::V2, 7, 5, &[new, old.clone()]);
+        lists.keep("list-a", FormatVersion::V2, 7, 5, vec![new, old.clone()]);
         let got = lists.get("list-a").expect("kept");
         assert_eq!(got[0].sequence_number, 5);
         assert_eq!(got[0].min_sequence_number, 5);
@@ -102,10 +101,10 @@ mod tests {
             FormatVersion::V2,
             7,
             5,
-            &[manifest("m", 6, UNASSIGNED_SEQUENCE_NUMBER)],
+            vec![manifest("m", 6, UNASSIGNED_SEQUENCE_NUMBER)],
         );
         assert!(lists.get("list-c").is_none());
-        lists.keep("list-d", FormatVersion::V3, 7, 5, &[old]);
+        lists.keep("list-d", FormatVersion::V3, 7, 5, vec![old]);
         assert!(lists.get("list-d").is_none(), "only v2 lists are kept");
     }
 
@@ -118,7 +117,7 @@ mod tests {
                 FormatVersion::V2,
                 1,
                 1,
-                &[manifest("m", 1, 1)],
+                vec![manifest("m", 1, 1)],
             );
         }
         assert!(lists.get("many-0").is_none());

@@ -287,16 +287,9 @@ impl SqlCatalogConn {
         result: TableMetadataBuildResult,
         added: &[String],
     ) -> Outcome {
-        // Not `metadata_location_result`, which builds its error (a
-        // backtrace, when enabled) even when there is a location.
-        let current = match table.metadata_location() {
-            Some(c) => c.to_string(),
-            None => {
-                return Outcome::Unknown(SinkError::Io(format!(
-                    "the table {} has no metadata location",
-                    table.identifier()
-                )));
-            }
+        let current = match commit::current_metadata_location(table) {
+            Ok(c) => c.to_string(),
+            Err(e) => return Outcome::Unknown(SinkError::Io(e)),
         };
         let (metadata, location) =
             match commit::write_metadata(table, result.metadata, &current).await {
