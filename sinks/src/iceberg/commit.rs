@@ -658,9 +658,10 @@ pub fn next_metadata(table: &Table) -> Result<TableMetadataBuilder, iceberg::Err
         .into_builder(Some(current.to_string())))
 }
 
-/// The table's current metadata file, or why there is none. Not
-/// `metadata_location_result`, which builds its error (a backtrace, when
-/// enabled) even when there is a location: twice on every commit.
+/// The table's current metadata file, or why there is none: the one way
+/// the sink reads it (a commit, the SQL catalog's swap, orphan cleanup).
+/// Not `metadata_location_result`, which builds its error (a backtrace,
+/// when enabled) even when there is a location: twice on every commit.
 pub fn current_metadata_location(table: &Table) -> Result<&str, String> {
     table
         .metadata_location()

@@ -15,7 +15,7 @@ use std::time::SystemTime;
 use iceberg::table::Table;
 use urutau_planner::sink::SinkError;
 
-use super::commit::alive_entries;
+use super::commit::{alive_entries, current_metadata_location};
 use super::durable::local_path;
 use super::io_error;
 
@@ -32,7 +32,9 @@ pub async fn referenced_files(table: &Table) -> Result<HashSet<PathBuf>, SinkErr
         .iter()
         .map(|m| m.metadata_file.clone())
         .collect();
-    paths.push(table.metadata_location_result().map_err(&err)?.to_string());
+    let current = current_metadata_location(table)
+        .map_err(|e| SinkError::Io(format!("listing the table's files: {e}")))?;
+    paths.push(current.to_string());
     // Statistics another engine may have written beside the metadata.
     paths.extend(md.statistics_iter().map(|s| s.statistics_path.clone()));
     paths.extend(
