@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray};
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::compute::{and, concat, concat_batches, filter, filter_record_batch, not, or};
+use arrow::compute::{and, concat, concat_batches, filter, filter_record_batch, not};
 use arrow::datatypes::SchemaRef as ArrowSchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::TableProvider;
@@ -1309,10 +1309,15 @@ impl IcebergSink {
                 // Only a key the table may hold needs an equality delete; a
                 // delete of a key it cannot hold has nothing to remove.
                 let present = w.key_ranges().may_contain(keys.column(0));
-                let (keys, rows, batch_deletes) = if present.true_count() == present.len() {
-                    (keys, rows, batch.deletes.clone())
+                // Rows that stay: every key's latest image, unless deleted
+                // (with no deletes the kernel returns the columns as they
+                // are). One pass over the batch: rows of keys the table
+                // cannot hold need no selecting of their own, as their
+                // deletes are dropped and their live images stay.
+                let live = not(&batch.deletes).map_err(io_error("selecting rows"))?;
+                let keys = if present.true_count() == present.len() {
+                    keys
                 } else {
-                    let live = not(&batch.deletes).map_err(io_error("selecting rows"))?;
                     let new = and(&not(&present).map_err(io_error("selecting rows"))?, &live)
                         .map_err(io_error("selecting rows"))?;
                     let new_keys =
@@ -1320,15 +1325,7 @@ impl IcebergSink {
                     if !new_keys.is_empty() {
                         fresh = Fresh::Keys(new_keys);
                     }
-                    // Rows kept: those the table may hold, and new live ones.
-                    let kept = or(&present, &live).map_err(io_error("selecting rows"))?;
-                    let deletes =
-                        filter(&batch.deletes, &kept).map_err(io_error("selecting rows"))?;
-                    (
-                        filter_record_batch(&keys, &present).map_err(io_error("selecting rows"))?,
-                        filter_record_batch(&rows, &kept).map_err(io_error("selecting rows"))?,
-                        deletes.as_boolean().clone(),
-                    )
+                    filter_record_batch(&keys, &present).map_err(io_error("selecting rows"))?
                 };
                 // The delete file is encoded on another worker while this
                 // one encodes the data files.
@@ -1337,10 +1334,7 @@ impl IcebergSink {
                 deletes = Some(tokio::spawn(async move {
                     files::write_equality_deletes(&table, keys, &key_ids, spec_id).await
                 }));
-                // Rows that stay: every key's latest image, unless deleted
-                // (with no deletes the kernel returns the columns as they are).
-                let keep = not(&batch_deletes).map_err(io_error("selecting rows"))?;
-                let data = filter_record_batch(&rows, &keep).map_err(io_error("selecting rows"))?;
+                let data = filter_record_batch(&rows, &live).map_err(io_error("selecting rows"))?;
                 if let [k] = w.key_indices.as_slice() {
                     w.key_ranges().add_keys(data.column(*k));
                 }
