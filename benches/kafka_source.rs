@@ -20,8 +20,9 @@
 //! `cargo bench --bench kafka_source`; `KAFKA_BENCH_CHANGES=200000` changes
 //! the size, `KAFKA_BENCH_TRIES=5` the tries of every figure (3 by
 //! default: on a machine shared with others one try's figures vary by a
-//! tenth and more; the best of each and the median of the tries' own
-//! Kafka/ceiling ratios are printed),
+//! tenth and more; the best of each is printed, and the median of the
+//! Kafka tries against the best ceiling: a ceiling try now and then takes
+//! far more CPU than the others for the same messages),
 //! `KAFKA_BENCH_READ_BACK=0` leaves DuckDB's read-backs (the first try's
 //! two tables) out (they take minutes at 1M changes: DuckDB's cost grows
 //! with the equality-deleted keys; the smoke run always reads back),
@@ -564,9 +565,12 @@ fn main() {
         }
     }
 
-    // Each try's own ratio: its Kafka run against the ceiling run right
-    // after it, so a slow spell of the machine weighs on both.
-    let mut per_try: Vec<f64> = rates[0].iter().zip(&rates[1]).map(|(k, c)| k / c).collect();
+    // Each Kafka try against the best ceiling: a ceiling try now and then
+    // spends about 1.7 times its usual CPU on the same messages (0.8-0.9 s
+    // where 0.5 s is usual here), so pairing each Kafka try with the
+    // ceiling run beside it overstated the ratio of that try.
+    let best_ceiling = rates[1].iter().copied().fold(f64::MIN, f64::max);
+    let mut per_try: Vec<f64> = rates[0].iter().map(|k| k / best_ceiling).collect();
     per_try.sort_by(f64::total_cmp);
     let per_try_median = per_try[per_try.len() / 2];
     let per_try_met = per_try.iter().filter(|r| **r >= 0.5).count();
@@ -576,8 +580,8 @@ fn main() {
     });
     println!(
         "kafka_source: best of {tries}: kafka {:.0} changes/s, rdkafka ceiling {:.0} msgs/s, file {:.0} changes/s; \
-         ratio kafka/ceiling {:.2} (target >= 0.5; each try's own: median {per_try_median:.2}, \
-         {per_try_met} of {tries} at least 0.5), kafka/file {:.2}; medians {:.0} / {:.0} / {:.0}; \
+         ratio kafka/ceiling {:.2} (target >= 0.5; each kafka try against the best ceiling: \
+         median {per_try_median:.2}, {per_try_met} of {tries} at least 0.5), kafka/file {:.2}; medians {:.0} / {:.0} / {:.0}; \
          peak RSS (first try) kafka {:.0} MiB, file {:.0} MiB{}; {:.0} s in all",
         kafka.0,
         ceiling.0,
