@@ -1309,11 +1309,6 @@ impl IcebergSink {
                 // Only a key the table may hold needs an equality delete; a
                 // delete of a key it cannot hold has nothing to remove.
                 let present = w.key_ranges().may_contain(keys.column(0));
-                // Rows that stay: every key's latest image, unless deleted
-                // (with no deletes the kernel returns the columns as they
-                // are). One pass over the batch: rows of keys the table
-                // cannot hold need no selecting of their own, as their
-                // deletes are dropped and their live images stay.
                 let live = not(&batch.deletes).map_err(io_error("selecting rows"))?;
                 let keys = if present.true_count() == present.len() {
                     keys
@@ -1334,6 +1329,10 @@ impl IcebergSink {
                 deletes = Some(tokio::spawn(async move {
                     files::write_equality_deletes(&table, keys, &key_ids, spec_id).await
                 }));
+                // Rows that stay: every key's latest image, unless deleted
+                // (with no deletes the kernel returns the columns as they
+                // are), whether or not the table may hold its key. One pass
+                // over the batch.
                 let data = filter_record_batch(&rows, &live).map_err(io_error("selecting rows"))?;
                 if let [k] = w.key_indices.as_slice() {
                     w.key_ranges().add_keys(data.column(*k));
