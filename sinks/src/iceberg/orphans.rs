@@ -25,15 +25,16 @@ use super::io_error;
 /// those list (an entry marked deleted is a file that snapshot no longer
 /// reads: once no kept snapshot lists it live, it is an orphan).
 pub async fn referenced_files(table: &Table) -> Result<HashSet<PathBuf>, SinkError> {
-    let err = io_error("listing the table's files");
+    let doing = "listing the table's files";
+    let err = io_error(doing);
     let md = table.metadata();
     let mut paths: Vec<String> = md
         .metadata_log()
         .iter()
         .map(|m| m.metadata_file.clone())
         .collect();
-    let current = current_metadata_location(table)
-        .map_err(|e| SinkError::Io(format!("listing the table's files: {e}")))?;
+    let current =
+        current_metadata_location(table).map_err(|e| SinkError::Io(format!("{doing}: {e}")))?;
     paths.push(current.to_string());
     // Statistics another engine may have written beside the metadata.
     paths.extend(md.statistics_iter().map(|s| s.statistics_path.clone()));
