@@ -11,6 +11,7 @@ pub mod commit;
 mod compaction;
 mod deletes;
 mod durable;
+mod encode_lanes;
 mod expiry;
 mod files;
 mod key_ranges;
