@@ -11,7 +11,6 @@ pub mod commit;
 mod compaction;
 mod deletes;
 mod durable;
-mod encode_lanes;
 mod expiry;
 mod files;
 mod key_ranges;

@@ -8,18 +8,17 @@
 //! column. This writer gives the Parquet schema the annotation itself and
 //! builds the data file's metrics (column sizes, value, null and NaN
 //! counts, bounds, split offsets) from the file's footer on iceberg's
-//! public API, as iceberg-rust's writer does. It encodes a row group's
-//! columns side by side ([`super::encode_lanes`]).
+//! public API, as iceberg-rust's writer does.
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::encode_lanes::{ColumnWork, by_column, close_columns, leaves_per_column, write_columns};
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, SchemaRef as ArrowSchemaRef};
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::io::{FileWrite, OutputFile};
 use iceberg::spec::{
@@ -29,16 +28,14 @@ use iceberg::spec::{
 use iceberg::writer::CurrentFileStatus;
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder};
 use iceberg::{Error, ErrorKind};
-use parquet::arrow::ArrowSchemaConverter;
-use parquet::arrow::arrow_writer::{
-    ArrowColumnWriter, ArrowRowGroupWriterFactory, ArrowWriter, ArrowWriterOptions,
-};
+use parquet::arrow::arrow_writer::ArrowWriterOptions;
+use parquet::arrow::async_writer::AsyncFileWriter;
+use parquet::arrow::{ArrowSchemaConverter, AsyncArrowWriter};
 use parquet::basic::{LogicalType, Type as PhysicalType};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::properties::WriterProperties;
 use parquet::file::statistics::Statistics;
-use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::{SchemaDescriptor, Type as ParquetType, TypePtr};
 
 /// Builds a [`ParquetFileWriter`] per file: the rolling writer's
@@ -167,156 +164,25 @@ impl FileWriterBuilder for ParquetFileWriterBuilder {
 pub struct ParquetFileWriter {
     builder: ParquetFileWriterBuilder,
     output: OutputFile,
-    inner: Option<OpenFile>,
+    inner: Option<AsyncArrowWriter<Output>>,
     rows: usize,
     /// NaN values per float or double field (top level and in structs).
     nan_counts: HashMap<i32, u64>,
 }
 
-/// An open file: Parquet's file writer over a buffer the output takes
-/// after every row group, and the row group in progress, whose columns
-/// are encoded side by side ([`encode_lanes`]).
-struct OpenFile {
-    file: SerializedFileWriter<Vec<u8>>,
-    factory: ArrowRowGroupWriterFactory,
-    output: Output,
-    /// The file's Arrow schema: the fields the columns are encoded by.
-    arrow: ArrowSchemaRef,
-    /// The leaf columns of each top-level column.
-    leaves: Arc<[usize]>,
-    /// The row group in progress: its leaf column writers and rows.
-    group: Option<(Vec<ArrowColumnWriter>, usize)>,
-    /// Rows a row group holds at most.
-    max_rows: usize,
-}
-
-impl OpenFile {
-    /// Encodes `batch` into the row group in progress (a new one if none
-    /// is), splitting it where a row group is full; a row group ends too
-    /// once its estimated size reaches `limit`.
-    async fn write(
-        &mut self,
-        batch: &RecordBatch,
-        limit: Option<usize>,
-    ) -> Result<(), ParquetError> {
-        let mut at = 0;
-        while at < batch.num_rows() {
-            let (writers, rows) = match self.group.take() {
-                Some(g) => g,
-                None => (
-                    self.factory
-                        .create_column_writers(self.file.flushed_row_groups().len())?,
-                    0,
-                ),
-            };
-            let take = (self.max_rows - rows).min(batch.num_rows() - at);
-            let part = batch.slice(at, take);
-            let columns = by_column(writers, &self.leaves)
-                .into_iter()
-                .zip(self.arrow.fields().iter().zip(part.columns()))
-                .map(|(writers, (field, array))| ColumnWork {
-                    field: Arc::clone(field),
-                    array: Arc::clone(array),
-                    writers,
-                })
-                .collect();
-            let writers: Vec<ArrowColumnWriter> = write_columns(columns)
-                .await?
-                .into_iter()
-                .flatten()
-                .collect();
-            at += take;
-            let rows = rows + take;
-            let full =
-                rows >= self.max_rows || limit.is_some_and(|l| in_progress_size(&writers) >= l);
-            self.group = Some((writers, rows));
-            if full {
-                self.flush().await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Ends the row group in progress, if any: its chunks into the file,
-    /// and the file's bytes so far to the output.
-    async fn flush(&mut self) -> Result<(), ParquetError> {
-        let Some((writers, _)) = self.group.take() else {
-            return Ok(());
-        };
-        let chunks = close_columns(writers).await?;
-        let mut group = self.file.next_row_group()?;
-        for chunk in chunks {
-            chunk.append_to_row_group(&mut group)?;
-        }
-        group.close()?;
-        self.drain().await
-    }
-
-    /// The bytes written since the last drain, to the output.
-    async fn drain(&mut self) -> Result<(), ParquetError> {
-        self.file.flush()?;
-        let bytes = std::mem::take(self.file.inner_mut());
-        if !bytes.is_empty() {
-            self.output.write(Bytes::from(bytes)).await?;
-        }
-        Ok(())
-    }
-
-    /// The last row group, the footer; the file closed.
-    async fn finish(&mut self) -> Result<ParquetMetaData, ParquetError> {
-        self.flush().await?;
-        let footer = self.file.finish()?;
-        self.drain().await?;
-        self.output.complete().await?;
-        Ok(footer)
-    }
-
-    /// The estimated encoded size of the row group in progress.
-    fn in_progress_size(&self) -> usize {
-        self.group.as_ref().map_or(0, |(w, _)| in_progress_size(w))
-    }
-}
-
-/// The estimated encoded size of a row group's column writers.
-fn in_progress_size(writers: &[ArrowColumnWriter]) -> usize {
-    writers
-        .iter()
-        .map(ArrowColumnWriter::get_estimated_total_bytes)
-        .sum()
-}
-
 impl ParquetFileWriter {
-    /// The open file, opening it on first use.
-    async fn open(&mut self) -> iceberg::Result<&mut OpenFile> {
+    /// The open Arrow writer, opening the file on first use.
+    async fn open(&mut self) -> iceberg::Result<&mut AsyncArrowWriter<Output>> {
         if self.inner.is_none() {
             let b = &self.builder;
             let mut options = ArrowWriterOptions::new().with_properties(b.props.clone());
             if let Some(root) = &b.parquet {
                 options = options.with_parquet_schema(SchemaDescriptor::new(root.clone()));
             }
-            let output = Output(self.output.writer().await?);
-            // Parquet's Arrow writer sets the file up (its schema, the
-            // Arrow schema in its metadata); its writer and column factory
-            // then write the row groups.
-            let (file, factory) =
-                ArrowWriter::try_new_with_options(Vec::new(), b.arrow.clone(), options)
-                    .and_then(ArrowWriter::into_serialized_writer)
-                    .map_err(parquet_error("opening a Parquet file"))?;
-            let leaves = leaves_per_column(file.schema_descr());
-            let max_rows = b
-                .props
-                .max_row_group_row_count()
-                .unwrap_or(usize::MAX)
-                .max(1);
-            self.inner = Some(OpenFile {
-                file,
-                factory,
-                output,
-                arrow: b.arrow.clone(),
-                leaves,
-                group: None,
-                max_rows,
-            });
+            let file = Output(self.output.writer().await?);
+            let writer = AsyncArrowWriter::try_new_with_options(file, b.arrow.clone(), options)
+                .map_err(parquet_error("opening a Parquet file"))?;
+            self.inner = Some(writer);
         }
         Ok(self.inner.as_mut().expect("opened above"))
     }
@@ -331,24 +197,32 @@ impl FileWriter for ParquetFileWriter {
         count_nans(fields, batch.columns(), &mut self.nan_counts);
         self.rows += batch.num_rows();
         let limit = self.builder.row_group_bytes;
-        let file = self.open().await?;
-        file.write(batch, limit)
+        let writer = self.open().await?;
+        writer
+            .write(batch)
             .await
-            .map_err(parquet_error("writing a Parquet file"))
+            .map_err(parquet_error("writing a Parquet file"))?;
+        if limit.is_some_and(|l| writer.in_progress_size() >= l) {
+            writer
+                .flush()
+                .await
+                .map_err(parquet_error("writing a Parquet file"))?;
+        }
+        Ok(())
     }
 
     async fn close(mut self) -> iceberg::Result<Vec<DataFileBuilder>> {
-        let Some(mut file) = self.inner.take() else {
+        let Some(mut writer) = self.inner.take() else {
             return Ok(vec![]);
         };
-        let footer = file
+        let footer = writer
             .finish()
             .await
             .map_err(parquet_error("finishing a Parquet file"))?;
         Ok(vec![data_file(
             &self.builder.schema,
             &footer,
-            file.file.bytes_written(),
+            writer.bytes_written(),
             self.output.location().to_string(),
             self.nan_counts,
         )])
@@ -367,7 +241,7 @@ impl CurrentFileStatus for ParquetFileWriter {
     fn current_written_size(&self) -> usize {
         self.inner
             .as_ref()
-            .map_or(0, |f| f.file.bytes_written() + f.in_progress_size())
+            .map_or(0, |w| w.bytes_written() + w.in_progress_size())
     }
 }
 
@@ -559,22 +433,26 @@ fn bound(ty: &PrimitiveType, stats: &Statistics, bytes: Option<&[u8]>) -> Option
     Datum::try_from_bytes(bytes, ty.clone()).ok()
 }
 
-/// iceberg's output file, taking the Parquet writer's bytes.
+/// iceberg's output file as the Arrow writer's sink.
 struct Output(Box<dyn FileWrite>);
 
-impl Output {
-    async fn write(&mut self, bs: Bytes) -> Result<(), ParquetError> {
-        self.0
-            .write(bs)
-            .await
-            .map_err(|e| ParquetError::External(Box::new(e)))
+impl AsyncFileWriter for Output {
+    fn write(&mut self, bs: Bytes) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        Box::pin(async move {
+            self.0
+                .write(bs)
+                .await
+                .map_err(|e| ParquetError::External(Box::new(e)))
+        })
     }
 
-    async fn complete(&mut self) -> Result<(), ParquetError> {
-        self.0
-            .close()
-            .await
-            .map_err(|e| ParquetError::External(Box::new(e)))
+    fn complete(&mut self) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        Box::pin(async move {
+            self.0
+                .close()
+                .await
+                .map_err(|e| ParquetError::External(Box::new(e)))
+        })
     }
 }
 
@@ -906,43 +784,6 @@ mod tests {
         for (i, (a, b)) in read.columns().iter().zip(written.columns()).enumerate() {
             assert_eq!(a.to_data(), b.to_data(), "column {i}");
         }
-    }
-
-    /// Rows past a row group's row limit go on in a new row group, within
-    /// a batch and across batches (the columns encoded side by side), and
-    /// the file reads back as written, in order.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn rows_past_the_row_limit_go_on_in_a_new_row_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let schema = Arc::new(schema());
-        let batch = batch(&schema);
-        let props = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(2))
-            .build();
-        let builder = ParquetFileWriterBuilder::try_new(props, schema.clone()).unwrap();
-        // The batch's 3 rows, then 2 more: row groups of 2, then 1 + 1
-        // (the second batch's first row completes the group), then 1.
-        let file = write(builder, dir.path(), "split.parquet", &batch).await;
-        assert_eq!(file.record_count(), 5);
-        let reader = ParquetRecordBatchReaderBuilder::try_new(
-            std::fs::File::open(dir.path().join("split.parquet")).unwrap(),
-        )
-        .unwrap();
-        let groups: Vec<i64> = reader
-            .metadata()
-            .row_groups()
-            .iter()
-            .map(|g| g.num_rows())
-            .collect();
-        assert_eq!(groups, [2, 2, 1]);
-        let read: Vec<RecordBatch> = reader.build().unwrap().map(Result::unwrap).collect();
-        let shown = |batches: &[RecordBatch]| {
-            let all = arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap();
-            arrow::util::pretty::pretty_format_batches(&[all])
-                .unwrap()
-                .to_string()
-        };
-        assert_eq!(shown(&read), shown(&[batch.clone(), batch.slice(1, 2)]));
     }
 
     #[tokio::test]
