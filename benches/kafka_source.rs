@@ -565,32 +565,32 @@ fn main() {
         }
     }
 
+    let [kafka, ceiling, file] = rates.map(|mut r| {
+        r.sort_by(f64::total_cmp);
+        r
+    });
+    let best = |r: &[f64]| r[r.len() - 1];
+    let median = |r: &[f64]| r[r.len() / 2];
     // Each Kafka try against the best ceiling: a ceiling try now and then
     // spends about 1.7 times its usual CPU on the same messages (0.8-0.9 s
     // where 0.5 s is usual here), so pairing each Kafka try with the
-    // ceiling run beside it overstated the ratio of that try.
-    let best_ceiling = rates[1].iter().copied().fold(f64::MIN, f64::max);
-    let mut per_try: Vec<f64> = rates[0].iter().map(|k| k / best_ceiling).collect();
-    per_try.sort_by(f64::total_cmp);
-    let per_try_median = per_try[per_try.len() / 2];
-    let per_try_met = per_try.iter().filter(|r| **r >= 0.5).count();
-    let [kafka, ceiling, file] = rates.map(|mut r| {
-        r.sort_by(f64::total_cmp);
-        (r[r.len() - 1], r[r.len() / 2])
-    });
+    // ceiling run beside it overstated the ratio of that try. Dividing by
+    // one figure keeps the tries' order: their median is the median try's.
+    let per_try_median = median(&kafka) / best(&ceiling);
+    let per_try_met = kafka.iter().filter(|k| **k / best(&ceiling) >= 0.5).count();
     println!(
         "kafka_source: best of {tries}: kafka {:.0} changes/s, rdkafka ceiling {:.0} msgs/s, file {:.0} changes/s; \
          ratio kafka/ceiling {:.2} (target >= 0.5; each kafka try against the best ceiling: \
          median {per_try_median:.2}, {per_try_met} of {tries} at least 0.5), kafka/file {:.2}; medians {:.0} / {:.0} / {:.0}; \
          peak RSS (first try) kafka {:.0} MiB, file {:.0} MiB{}; {:.0} s in all",
-        kafka.0,
-        ceiling.0,
-        file.0,
-        kafka.0 / ceiling.0,
-        kafka.0 / file.0,
-        kafka.1,
-        ceiling.1,
-        file.1,
+        best(&kafka),
+        best(&ceiling),
+        best(&file),
+        best(&kafka) / best(&ceiling),
+        best(&kafka) / best(&file),
+        median(&kafka),
+        median(&ceiling),
+        median(&file),
         peaks[0],
         peaks[1],
         if peaks_own {
