@@ -1334,8 +1334,10 @@ impl IcebergSink {
                 // are), whether or not the table may hold its key. One pass
                 // over the batch.
                 let data = filter_record_batch(&rows, &live).map_err(io_error("selecting rows"))?;
-                if let [k] = w.key_indices.as_slice() {
-                    w.key_ranges().add_keys(data.column(*k));
+                // The live keys join the ranges: only the new ones can add
+                // anything (a key the set may hold lies in a range already).
+                if let ([_], Fresh::Keys(new_keys)) = (w.key_indices.as_slice(), &fresh) {
+                    w.key_ranges().add_keys(new_keys);
                 }
                 data
             }
