@@ -21,8 +21,8 @@ use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 use urutau_planner::sink::SinkError;
 
-use super::io_error;
 use super::parquet_file::ParquetFileWriterBuilder;
+use super::{dictionary, io_error};
 
 /// Parquet settings: ZSTD, and no dictionary for the `plain` columns.
 fn properties(plain: impl IntoIterator<Item = String>) -> WriterProperties {
@@ -73,7 +73,8 @@ pub async fn write_data(
     unique_keys: bool,
     target_size: usize,
 ) -> Result<Vec<DataFile>, SinkError> {
-    let mut w = DataWriter::new(table, target_size, unique_keys);
+    // Each file holds this batch alone: its sample speaks for the file.
+    let mut w = DataWriter::new(table, target_size, unique_keys).with_sampled_dictionaries();
     w.write(batch).await?;
     w.close().await
 }
@@ -106,6 +107,12 @@ pub struct DataWriter {
     /// Row groups end at about this many bytes too
     /// ([`ParquetFileWriterBuilder::with_row_group_bytes`]).
     row_group_bytes: Option<usize>,
+    /// Whether a file's columns get a dictionary as the first batch
+    /// written to it suggests ([`dictionary::plain_columns`]): only when
+    /// that batch is the whole file. A file gathered over many batches
+    /// (a snapshot group, a compaction) leaves it to Parquet, which drops
+    /// a dictionary only once it outgrows its page.
+    sampled_dictionaries: bool,
 }
 
 impl DataWriter {
@@ -119,6 +126,7 @@ impl DataWriter {
             closed: Vec::new(),
             unique_keys,
             row_group_bytes: None,
+            sampled_dictionaries: false,
         }
     }
 
@@ -126,6 +134,13 @@ impl DataWriter {
     /// [`Self::largest_open_size`] estimates is off by less than that.
     pub fn with_row_group_bytes(mut self, bytes: usize) -> Self {
         self.row_group_bytes = Some(bytes);
+        self
+    }
+
+    /// Each file's dictionaries as the first batch written to it suggests
+    /// ([`dictionary::plain_columns`]): for a writer given one batch.
+    pub fn with_sampled_dictionaries(mut self) -> Self {
+        self.sampled_dictionaries = true;
         self
     }
 
@@ -164,11 +179,20 @@ impl DataWriter {
                         let (_, mut oldest) = self.writers.remove(0);
                         self.closed.extend(oldest.close().await.map_err(&err)?);
                     }
-                    let mut parquet = ParquetFileWriterBuilder::try_new(
-                        properties(unique_key_column(key_names(&schema), self.unique_keys)),
-                        schema.clone(),
-                    )
-                    .map_err(&err)?;
+                    let mut plain: Vec<String> =
+                        unique_key_column(key_names(&schema), self.unique_keys)
+                            .into_iter()
+                            .collect();
+                    if self.sampled_dictionaries {
+                        for c in dictionary::plain_columns(&part) {
+                            if !plain.contains(&c) {
+                                plain.push(c);
+                            }
+                        }
+                    }
+                    let mut parquet =
+                        ParquetFileWriterBuilder::try_new(properties(plain), schema.clone())
+                            .map_err(&err)?;
                     if let Some(bytes) = self.row_group_bytes {
                         parquet = parquet.with_row_group_bytes(bytes);
                     }

@@ -10,6 +10,7 @@ mod catalog;
 pub mod commit;
 mod compaction;
 mod deletes;
+mod dictionary;
 mod durable;
 mod expiry;
 mod files;
