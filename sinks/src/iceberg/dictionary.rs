@@ -6,9 +6,10 @@
 //! every value for a dictionary as large as the column: time and space for
 //! nothing. Java's parquet-mr drops such a dictionary after its first page
 //! (when it does not make the column smaller). Here a strided sample of
-//! the batch decides before the file is written: a column whose values
-//! are estimated to repeat less than [`PLAIN_BELOW`] times on average is
-//! written plain. Readers see no difference; only the encoding changes.
+//! the batch decides before the file is written: a column whose distinct
+//! values are estimated at [`PLAIN_BELOW`] of its non-null rows or more
+//! (each value repeating less than 4/3 times on average) is written
+//! plain. Readers see no difference; only the encoding changes.
 
 use std::collections::HashSet;
 use std::hash::Hash;
@@ -45,10 +46,10 @@ pub(super) fn plain_columns(batch: &RecordBatch) -> Vec<String> {
         .collect()
 }
 
-/// Whether the values of `column` are estimated to repeat less than
-/// 1 / [`PLAIN_BELOW`] times on average. Only the types whose values are
-/// read straight from the array are sampled; any other keeps its
-/// dictionary.
+/// Whether the distinct values of `column` are estimated at
+/// [`PLAIN_BELOW`] of its non-null rows or more. Only the types whose
+/// values are read straight from the array are sampled; any other keeps
+/// its dictionary.
 fn barely_repeats(column: &dyn Array) -> bool {
     match column.data_type() {
         DataType::Int32 => primitive::<Int32Type>(column),
@@ -66,6 +67,7 @@ fn barely_repeats(column: &dyn Array) -> bool {
     }
 }
 
+/// [`barely_repeats`] for a column of primitive values.
 fn primitive<T: ArrowPrimitiveType>(column: &dyn Array) -> bool
 where
     T::Native: Hash + Eq,
