@@ -24,9 +24,10 @@ pub fn urutau(args: &[&str]) -> std::process::Output {
 
 /// Starts `urutau run PIPELINE --exit-when-caught-up` and SIGKILLs it after
 /// a pause drawn from `pause_ms` (seeded), until it has been killed `kills`
-/// times after committing something; a run that ends by itself before that
-/// must have succeeded, and fails the test (it was not killed often
-/// enough). On a machine slow enough that a run has committed nothing
+/// times after committing something. A run that ends by itself must have
+/// succeeded, and the next run starts (40 runs at most): the test fails
+/// when the pipeline was not killed often enough by then. On a machine
+/// slow enough that a run has committed nothing
 /// when its pause ends, the kill waits for its first commit (the log says
 /// so), so every kill lands mid-stream however loaded the machine is.
 pub fn kill_9_runs(
@@ -84,13 +85,16 @@ pub fn kill_9_runs(
                     done += 1;
                 }
             }
+            // A run that caught up before its kill is no failure: the
+            // next one goes on with what the workload wrote since (a faster
+            // sink caught up between a test's kills), and the count below
+            // still says whether there were enough kills.
             Some(status) => {
                 assert!(
                     status.success(),
                     "a run between kills failed: {status}: {}",
                     std::fs::read_to_string(&log_path).unwrap_or_default()
                 );
-                break;
             }
         }
     }
