@@ -90,10 +90,11 @@ fn scan_envelope<'a>(
     schema: &mut Option<&'a str>,
 ) -> Result<(), String> {
     let mut seen = Seen::default();
-    for field in json_text::fields(text) {
+    let mut fields = json_text::fields(text);
+    while let Some(field) = fields.next() {
         let (key, raw) = field?;
         match key.as_ref() {
-            "op" => seen.once(0, "op", &mut env.op, raw, json_text::string)?,
+            "op" => seen.once(0, "op", &mut env.op, raw, |r| scanned_string(&fields, r))?,
             "before" => seen.once(1, "before", &mut env.before, raw, Ok)?,
             "after" => seen.once(2, "after", &mut env.after, raw, Ok)?,
             "source" => seen.once(3, "source", &mut env.source, raw, scan_source)?,
@@ -114,10 +115,13 @@ fn scan_envelope<'a>(
 fn scan_source(text: &str) -> Result<SourceInfo<'_>, String> {
     let mut s = SourceInfo::default();
     let mut seen = Seen::default();
-    for field in json_text::fields(text) {
+    let mut fields = json_text::fields(text);
+    while let Some(field) = fields.next() {
         let (key, raw) = field?;
         match key.as_ref() {
-            "table" => seen.once(0, "table", &mut s.table, raw, json_text::string)?,
+            "table" => seen.once(0, "table", &mut s.table, raw, |r| {
+                scanned_string(&fields, r)
+            })?,
             "schema" => seen.once(1, "schema", &mut s.schema, raw, json_text::string)?,
             "ts_ms" => seen.once(2, "ts_ms", &mut s.ts_ms, raw, json_text::integer)?,
             "txId" => seen.once(3, "txId", &mut s.tx_id, raw, Ok)?,
@@ -125,6 +129,18 @@ fn scan_source(text: &str) -> Result<SourceInfo<'_>, String> {
         }
     }
     Ok(s)
+}
+
+/// The string value `raw` of the field `fields` returned last: its content
+/// as the scan found it when it has no escapes (not looked through again).
+fn scanned_string<'a>(
+    fields: &json_text::Fields<'a>,
+    raw: &'a str,
+) -> Result<Cow<'a, str>, String> {
+    match fields.plain_string() {
+        Some(content) => Ok(Cow::Borrowed(content)),
+        None => json_text::string(raw),
+    }
 }
 
 /// The fields of one object already read, a bit each (`bit`, numbered
