@@ -127,6 +127,18 @@ struct Column {
     builder: Builder,
     /// The encoding of its values in the row being decoded.
     logical: Logical,
+    /// How its field starts in compact JSON (`"name":`); `None` when the
+    /// name would need escapes there.
+    field_start: Option<Box<[u8]>>,
+}
+
+/// `"name":`, the start of field `name` in compact JSON; `None` when the
+/// name holds a character JSON escapes.
+fn field_start(name: &str) -> Option<Box<[u8]>> {
+    if name.bytes().any(|c| c == b'"' || c == b'\\' || c < 0x20) {
+        return None;
+    }
+    Some(format!("\"{name}\":").into_bytes().into_boxed_slice())
 }
 
 /// How much a new builder holds before it grows. After a batch, the next
@@ -231,6 +243,9 @@ pub struct TableDecoder {
     mismatched_rows: u64,
     /// The row being decoded has a field the declaration lacks.
     row_mismatched: bool,
+    /// Row images are read by [`TableDecoder::read_compact_fields`] first
+    /// (off only to test it against the general scan).
+    compact_reads: bool,
 }
 
 impl TableDecoder {
@@ -268,6 +283,7 @@ impl TableDecoder {
                 nullable: c.nullable,
                 builder: new_builder(&c.ty, &c.name.name, Room::FIRST),
                 logical: *l,
+                field_start: field_start(&c.name.name),
             })
             .collect();
         let index = columns
@@ -297,6 +313,7 @@ impl TableDecoder {
             strict: false,
             mismatched_rows: 0,
             row_mismatched: false,
+            compact_reads: true,
         }
     }
 
@@ -413,8 +430,21 @@ impl TableDecoder {
     fn read_fields(&mut self, raw: &str, line: u64) -> Result<(), DecodeError> {
         // Images usually list the columns in their declared order: the
         // next one is tried before the name lookup.
-        let mut next = 0;
-        let mut fields = json_text::fields(raw);
+        let read = match self.compact_reads {
+            true => self.read_compact_fields(raw, line)?,
+            false => CompactRead::Stopped {
+                columns: 0,
+                at: None,
+            },
+        };
+        let (mut next, resume) = match read {
+            CompactRead::Whole => return Ok(()),
+            CompactRead::Stopped { columns, at } => (columns, at),
+        };
+        let mut fields = match resume {
+            None => json_text::fields(raw),
+            Some(at) => json_text::fields_after(raw, at),
+        };
         while let Some(field) = fields.next() {
             let (key, value) = field.map_err(|e| DecodeError {
                 field: None,
@@ -448,6 +478,67 @@ impl TableDecoder {
         Ok(())
     }
 
+    /// Reads the fields of a row image written as Debezium and most
+    /// writers write one: compact (no whitespace), every column in its
+    /// declared order, scalar values. Each field is then found by
+    /// comparing the text with the column's [`Column::field_start`], and
+    /// its value's end by the value's kind, where the general scan
+    /// ([`json_text::fields`]) looked for each name's end, then the
+    /// `:`, then the value's end, then matched the name to a column: two
+    /// thirds of a field's decoding. It stops, leaving the rest to the
+    /// general scan, at the first field that is not so: that scan then
+    /// reads it, and says what is wrong with it, exactly as it would
+    /// have.
+    fn read_compact_fields(&mut self, raw: &str, line: u64) -> Result<CompactRead, DecodeError> {
+        let b = raw.as_bytes();
+        let mut stopped = CompactRead::Stopped {
+            columns: 0,
+            at: None,
+        };
+        if b.first() != Some(&b'{') {
+            return Ok(stopped);
+        }
+        let mut i = 1;
+        for (n, c) in self.columns.iter_mut().enumerate() {
+            let Some(start) = &c.field_start else {
+                break;
+            };
+            let at = i + start.len();
+            let Some((end, plain)) = b
+                .get(i..at)
+                .filter(|name| json_text::same_bytes(name, start))
+                .and_then(|_| json_text::compact_value(b, at))
+            else {
+                break;
+            };
+            let delimiter = match b.get(end) {
+                Some(&d @ (b',' | b'}')) => d,
+                _ => break,
+            };
+            // Cut next to ASCII bytes (the quote and colon before, the
+            // delimiter after; a string's quotes): character boundaries.
+            let value = &raw[at..end];
+            let plain = plain.then(|| &raw[at + 1..end - 1]);
+            self.set[n] = true;
+            append_value(c, value, plain, line).map_err(|message| DecodeError {
+                field: Some(c.name.clone()),
+                message,
+            })?;
+            if delimiter == b'}' && end + 1 == b.len() {
+                return Ok(CompactRead::Whole);
+            }
+            stopped = CompactRead::Stopped {
+                columns: n + 1,
+                at: Some(end),
+            };
+            if delimiter == b'}' {
+                break;
+            }
+            i = end + 1;
+        }
+        Ok(stopped)
+    }
+
     /// The rows decoded so far as one batch (every transaction closed).
     pub fn finish(&mut self, ingest_ts_micros: i64) -> Result<RecordBatch, DecodeError> {
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
@@ -468,6 +559,15 @@ impl TableDecoder {
             message: format!("internal: {e}"),
         })
     }
+}
+
+/// How far [`TableDecoder::read_compact_fields`] read a row image.
+enum CompactRead {
+    /// Every field, and the image's end.
+    Whole,
+    /// The first `columns` columns, up to the delimiter at byte `at`
+    /// after the last (`None`: not a field).
+    Stopped { columns: usize, at: Option<usize> },
 }
 
 fn finish_builder(b: &mut Builder) -> Result<ArrayRef, DecodeError> {
@@ -1372,6 +1472,125 @@ impl ValueVisitor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use urutau_planner::spec::{ColumnSpec, Ident};
+
+    /// A decoder of a table of every scalar kind and a JSON column.
+    fn decoder_of_many_kinds() -> TableDecoder {
+        let column = |name: &str, ty: CanonicalType, nullable: bool| ColumnSpec {
+            name: Ident::new(name, Default::default()),
+            ty,
+            nullable,
+        };
+        let table = SourceTableSchema {
+            columns: vec![
+                column("id", CanonicalType::Int64, false),
+                column("qty", CanonicalType::Int32, true),
+                column("name", CanonicalType::String, true),
+                column(
+                    "amount",
+                    CanonicalType::Decimal {
+                        precision: 10,
+                        scale: 2,
+                    },
+                    true,
+                ),
+                column("at", CanonicalType::TimestampTz, true),
+                column("ok", CanonicalType::Bool, true),
+                column("doc", CanonicalType::Json, true),
+                column("ratio", CanonicalType::Float64, true),
+            ],
+            primary_key: vec!["id".into()],
+            dropped: vec![],
+        };
+        let scan = urutau_planner::bind::scan_schema(&table, context::Transport::None);
+        TableDecoder::new(&table, scan, "t".to_string())
+    }
+
+    #[test]
+    fn compact_row_images_decode_as_the_general_scan_decodes_them() {
+        let images = [
+            // Compact, in order: every field taken by the compact reader.
+            r#"{"id":1,"qty":2,"name":"a","amount":"3.50","at":"2024-01-02T03:04:05Z","ok":true,"doc":"{}","ratio":0.5}"#,
+            r#"{"id":-7,"qty":null,"name":null,"amount":null,"at":null,"ok":false,"doc":null,"ratio":null}"#,
+            r#"{"id":1,"qty":2,"name":"with \"quotes\" and \\","amount":3.5,"at":"2024-01-02T03:04:05.123456+02:00","ok":null,"doc":"[1]","ratio":-1e3}"#,
+            r#"{"id":1,"qty":2,"name":"é ü","amount":"-0.01","at":"2024-01-02 03:04:05Z","ok":true,"doc":"1","ratio":12}"#,
+            // Fewer fields, more fields, another order, whitespace.
+            r#"{"id":1,"qty":2}"#,
+            r#"{"id":1}"#,
+            r#"{}"#,
+            r#"{"id":1,"qty":2,"extra":5,"name":"x"}"#,
+            r#"{"id":1,"name":"x","qty":2}"#,
+            r#"{"qty":2,"id":1}"#,
+            r#"{"id":1, "qty":2}"#,
+            r#"{"id" :1,"qty":2}"#,
+            r#" {"id":1,"qty":2}"#,
+            r#"{"id":1,"qty":2} "#,
+            r#"{"id":1,"qty":2,"doc":{"a":[1,"}"]},"ratio":1}"#,
+            r#"{"id":1,"qty":2,"doc":[1,2],"ratio":1}"#,
+            // Values that do not fit, or are not JSON.
+            r#"{"id":1,"qty":3000000000}"#,
+            r#"{"id":"1","qty":2}"#,
+            r#"{"id":1,"qty":2.5}"#,
+            r#"{"id":1,"qty":12x,"name":"a"}"#,
+            r#"{"id":1,"qty":1-2}"#,
+            r#"{"id":1,"ok":tru}"#,
+            r#"{"id":1,"ok":truex}"#,
+            r#"{"id":1,"amount":"1.234"}"#,
+            r#"{"id":1,"at":"yesterday"}"#,
+            r#"{"id":null,"qty":2}"#,
+            r#"{"qty":2}"#,
+            // Broken structure.
+            r#"{"id":1,"qty":2}x"#,
+            r#"{"id":1,"qty":2"#,
+            r#"{"id":1,"qty":2,}"#,
+            r#"{"id":1"qty":2}"#,
+            r#"{"id":1,"id":2}"#,
+            r#"{"id":1,"qty":2,"name":"a}"#,
+            r#"{"id":1,,"qty":2}"#,
+            r#"{"id":1,"qty":}"#,
+            "[1]",
+            "",
+        ];
+        let meta_stream: Arc<str> = Arc::from("s");
+        let meta = RowMeta {
+            kind: RowKind::Insert,
+            commit_ts: None,
+            snapshot: false,
+            line: 7,
+            stream: &meta_stream,
+            shard: 0,
+            sequence: 0,
+            message: MessageMeta {
+                ts_micros: None,
+                key: None,
+                headers: None,
+            },
+            connect: None,
+        };
+        let mut taken_whole = 0;
+        for image in images {
+            let mut compact = decoder_of_many_kinds();
+            let mut general = decoder_of_many_kinds();
+            general.compact_reads = false;
+            if let Ok(CompactRead::Whole) = compact.read_compact_fields(image, 7) {
+                taken_whole += 1;
+            }
+            let mut compact = decoder_of_many_kinds();
+            let a = compact.append_row(image, &meta);
+            let b = general.append_row(image, &meta);
+            assert_eq!(a, b, "{image}");
+            if a.is_ok() {
+                compact.close_transaction("1");
+                general.close_transaction("1");
+                assert_eq!(compact.finish(0), general.finish(0), "{image}");
+            }
+        }
+        // The compact images whose values all fit, however many fields.
+        assert_eq!(
+            taken_whole, 6,
+            "the images read whole by the compact reader"
+        );
+    }
 
     #[test]
     fn decimals_parse_exactly_or_fail() {

@@ -27,6 +27,18 @@ pub fn fields(text: &str) -> Fields<'_> {
     }
 }
 
+/// [`fields`] of the object `text` from its delimiter at byte `at` (the
+/// `,` after a field, or the closing `}`) on: the fields after those a
+/// reader of compact text ([`compact_value`]) already took.
+pub(crate) fn fields_after(text: &str, at: usize) -> Fields<'_> {
+    Fields {
+        text,
+        at,
+        state: State::Inside,
+        plain_string: None,
+    }
+}
+
 /// Iterator of [`fields`].
 pub struct Fields<'a> {
     text: &'a str,
@@ -267,7 +279,12 @@ pub fn number(raw: &str) -> Result<Number, String> {
 /// time, matching each field of each row image to its column.
 #[inline]
 pub fn same_name(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
+    same_bytes(a.as_bytes(), b.as_bytes())
+}
+
+/// [`same_name`] of byte strings.
+#[inline]
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
     if n != b.len() {
         return false;
@@ -276,12 +293,34 @@ pub fn same_name(a: &str, b: &str) -> bool {
     let long = |t: &[u8], at: usize| u64::from_le_bytes(t[at..at + 8].try_into().expect("8"));
     match n {
         0 => true,
-        // First, middle and last byte: every byte of 1 to 3.
         1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
-        // The first and the last four bytes (overlapping): every byte.
         4..=8 => word(a, 0) == word(b, 0) && word(a, n - 4) == word(b, n - 4),
         9..=16 => long(a, 0) == long(b, 0) && long(a, n - 8) == long(b, n - 8),
         _ => a == b,
+    }
+}
+
+/// The end of the scalar JSON value at byte `i` of compact text, and
+/// whether it is a string without escapes: a string, a number (its
+/// characters: digits, `-`, `+`, `.`, `e`, `E`) or `true`, `false`,
+/// `null`. `None` for anything else (an object, an array, whitespace),
+/// which the general scan ([`fields`]) then reads. Where the value is
+/// followed by `,` or `}`, its text is the one [`fields`] would give.
+#[inline]
+pub(crate) fn compact_value(b: &[u8], i: usize) -> Option<(usize, bool)> {
+    match *b.get(i)? {
+        b'"' => scan_string(b, i).map(|(end, escaped)| (end, !escaped)),
+        b'-' | b'0'..=b'9' => {
+            let mut j = i + 1;
+            while j < b.len() && matches!(b[j], b'0'..=b'9' | b'.' | b'e' | b'E' | b'-' | b'+') {
+                j += 1;
+            }
+            Some((j, false))
+        }
+        b't' if b.get(i..i + 4) == Some(b"true") => Some((i + 4, false)),
+        b'f' if b.get(i..i + 5) == Some(b"false") => Some((i + 5, false)),
+        b'n' if b.get(i..i + 4) == Some(b"null") => Some((i + 4, false)),
+        _ => None,
     }
 }
 
