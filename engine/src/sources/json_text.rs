@@ -293,7 +293,9 @@ pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     let long = |t: &[u8], at: usize| u64::from_le_bytes(t[at..at + 8].try_into().expect("8"));
     match n {
         0 => true,
+        // First, middle and last byte: every byte of 1 to 3.
         1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        // The first and the last four bytes (overlapping): every byte.
         4..=8 => word(a, 0) == word(b, 0) && word(a, n - 4) == word(b, n - 4),
         9..=16 => long(a, 0) == long(b, 0) && long(a, n - 8) == long(b, n - 8),
         _ => a == b,
