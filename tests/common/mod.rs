@@ -27,9 +27,9 @@ pub fn urutau(args: &[&str]) -> std::process::Output {
 /// times after committing something. A run that ends by itself must have
 /// succeeded, and the next run starts (40 runs at most): the test fails
 /// when the pipeline was not killed often enough by then. On a machine
-/// slow enough that a run has committed nothing
-/// when its pause ends, the kill waits for its first commit (the log says
-/// so), so every kill lands mid-stream however loaded the machine is.
+/// slow enough that a run has committed nothing when its pause ends, the
+/// kill waits for its first commit (the log says so), so every kill lands
+/// mid-stream however loaded the machine is.
 pub fn kill_9_runs(
     pipeline: &std::path::Path,
     seed: u64,

@@ -122,7 +122,9 @@ fn scan_source(text: &str) -> Result<SourceInfo<'_>, String> {
             "table" => seen.once(0, "table", &mut s.table, raw, |r| {
                 scanned_string(&fields, r)
             })?,
-            "schema" => seen.once(1, "schema", &mut s.schema, raw, json_text::string)?,
+            "schema" => seen.once(1, "schema", &mut s.schema, raw, |r| {
+                scanned_string(&fields, r)
+            })?,
             "ts_ms" => seen.once(2, "ts_ms", &mut s.ts_ms, raw, json_text::integer)?,
             "txId" => seen.once(3, "txId", &mut s.tx_id, raw, Ok)?,
             _ => {}

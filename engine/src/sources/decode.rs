@@ -430,14 +430,7 @@ impl TableDecoder {
     fn read_fields(&mut self, raw: &str, line: u64) -> Result<(), DecodeError> {
         // Images usually list the columns in their declared order: the
         // next one is tried before the name lookup.
-        let read = match self.compact_reads {
-            true => self.read_compact_fields(raw, line)?,
-            false => CompactRead::Stopped {
-                columns: 0,
-                at: None,
-            },
-        };
-        let (mut next, resume) = match read {
+        let (mut next, resume) = match self.read_compact_fields(raw, line)? {
             CompactRead::Whole => return Ok(()),
             CompactRead::Stopped { columns, at } => (columns, at),
         };
@@ -495,7 +488,7 @@ impl TableDecoder {
             columns: 0,
             at: None,
         };
-        if b.first() != Some(&b'{') {
+        if !self.compact_reads || b.first() != Some(&b'{') {
             return Ok(stopped);
         }
         let mut i = 1;
@@ -1031,6 +1024,15 @@ const POW10: [i128; 39] = {
     p
 };
 
+/// Whether the unscaled value `v` (not negative) has more digits than
+/// `precision` (a declared precision is at most 38, the most an `i128`
+/// decimal holds; past that no bound is checked here).
+fn beyond_precision(v: i128, precision: u8) -> bool {
+    POW10
+        .get(usize::from(precision))
+        .is_some_and(|&bound| v >= bound)
+}
+
 /// `[-+]digits[.digits]` of at most 18 digits (a `u64` holds them without
 /// overflow checks) at most `scale` of them after the point: most
 /// decimals of a change stream. `None` for anything else, error or not,
@@ -1071,7 +1073,7 @@ fn parse_short_decimal(b: &[u8], precision: u8, scale: u8) -> Option<i128> {
         return None;
     }
     let v = i128::from(v).checked_mul(POW10[usize::from(scale) - frac])?;
-    if v >= POW10[usize::from(precision)] {
+    if beyond_precision(v, precision) {
         return None;
     }
     Some(if neg { -v } else { v })
@@ -1125,7 +1127,7 @@ fn parse_plain_decimal(b: &[u8], precision: u8, scale: u8) -> Option<Result<i128
             None => return Some(Err("too many digits".into())),
         };
     }
-    if v >= 10i128.pow(precision as u32) {
+    if beyond_precision(v, precision) {
         return Some(Err(format!("more than {precision} digits")));
     }
     Some(Ok(if neg { -v } else { v }))
