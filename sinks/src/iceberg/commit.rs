@@ -39,10 +39,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::str::FromStr;
 
 use iceberg::spec::{
-    DataContentType, DataFile, FormatVersion, MAIN_BRANCH, ManifestEntryRef, ManifestFile,
-    ManifestListWriter, ManifestWriterBuilder, Operation, PartitionSpecRef, Snapshot, SnapshotRef,
-    SnapshotSummaryCollector, Summary, TableMetadata, TableMetadataBuildResult,
-    TableMetadataBuilder, UNASSIGNED_SEQUENCE_NUMBER,
+    DataContentType, DataFile, FormatVersion, MAIN_BRANCH, ManifestEntry, ManifestEntryRef,
+    ManifestFile, ManifestListWriter, ManifestStatus, ManifestWriterBuilder, Operation,
+    PartitionSpecRef, Snapshot, SnapshotRef, SnapshotSummaryCollector, Summary, TableMetadata,
+    TableMetadataBuildResult, TableMetadataBuilder, UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, Runtime};
@@ -53,6 +53,7 @@ use super::compaction::LiveFile;
 use super::io_error;
 use super::manifest_merge::merge_manifests;
 use super::written_lists::WRITTEN;
+use super::written_manifests::WRITTEN_MANIFESTS;
 
 /// The branch the parts of an open transaction are staged on.
 pub const STAGING_BRANCH: &str = "urutau-staging";
@@ -246,6 +247,7 @@ impl<'a> NewSnapshot<'a> {
         } else {
             builder.build_v2_data()
         };
+        let kept = written_entries(self.id, &files);
         match files {
             ManifestFiles::Added(files) => {
                 for f in files {
@@ -280,7 +282,10 @@ impl<'a> NewSnapshot<'a> {
                 }
             }
         }
-        w.write_manifest_file().await.map_err(err)
+        let written = w.write_manifest_file().await.map_err(err)?;
+        let version = self.table.metadata().format_version();
+        WRITTEN_MANIFESTS.keep(&written.manifest_path, version, kept);
+        Ok(written)
     }
 
     /// Writes the manifest list of `manifests` and returns the snapshot.
@@ -328,6 +333,36 @@ impl<'a> NewSnapshot<'a> {
             })
             .with_schema_id(self.table.metadata().current_schema_id())
             .build())
+    }
+}
+
+/// The live entries of a manifest of `files` written by snapshot
+/// `snapshot_id`, as `ManifestWriter` writes them: an added file with no
+/// sequence numbers (they are assigned at commit) and this snapshot's id;
+/// an existing one with its own.
+fn written_entries(snapshot_id: i64, files: &ManifestFiles<'_>) -> Vec<ManifestEntry> {
+    match files {
+        ManifestFiles::Added(files) => files
+            .iter()
+            .map(|f| ManifestEntry {
+                status: ManifestStatus::Added,
+                snapshot_id: Some(snapshot_id),
+                sequence_number: None,
+                file_sequence_number: None,
+                data_file: f.clone(),
+            })
+            .collect(),
+        ManifestFiles::Removed(_) => Vec::new(),
+        ManifestFiles::Existing(entries) => entries
+            .iter()
+            .map(|e| ManifestEntry {
+                status: ManifestStatus::Existing,
+                snapshot_id: e.snapshot_id(),
+                sequence_number: e.sequence_number(),
+                file_sequence_number: e.file_sequence_number,
+                data_file: e.data_file().clone(),
+            })
+            .collect(),
     }
 }
 
@@ -731,18 +766,41 @@ pub fn holds_commit(md: &TableMetadata, id: &str) -> bool {
 }
 
 /// The live (added or existing) entries of `manifest`, with the sequence
-/// numbers and snapshot ids they inherit from the manifest list.
+/// numbers and snapshot ids they inherit from the manifest list: as this
+/// process wrote them, when it did ([`WRITTEN_MANIFESTS`]), else from the
+/// manifest file.
 pub async fn alive_entries(
     table: &Table,
     manifest: &ManifestFile,
 ) -> Result<Vec<ManifestEntryRef>, iceberg::Error> {
-    let loaded = manifest.load_manifest(table.file_io()).await?;
-    Ok(loaded
-        .entries()
-        .iter()
-        .filter(|e| e.is_alive())
-        .cloned()
-        .collect())
+    let read = || async {
+        let loaded = manifest.load_manifest(table.file_io()).await?;
+        Ok::<_, iceberg::Error>(
+            loaded
+                .entries()
+                .iter()
+                .filter(|e| e.is_alive())
+                .cloned()
+                .collect::<Vec<_>>(),
+        )
+    };
+    let kept = match manifest.key_metadata {
+        None => WRITTEN_MANIFESTS.alive_entries(manifest),
+        Some(_) => None,
+    };
+    let Some(kept) = kept else {
+        return read().await;
+    };
+    if cfg!(debug_assertions) {
+        // The tests' check that what is kept is what the file holds.
+        let from_file = read().await?;
+        assert_eq!(
+            from_file, kept,
+            "the manifest {} as kept differs from its file",
+            manifest.manifest_path
+        );
+    }
+    Ok(kept)
 }
 
 /// The main branch's snapshots, newest first, following parent ids (not

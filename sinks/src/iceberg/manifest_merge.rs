@@ -21,6 +21,7 @@ use iceberg::spec::{ManifestContentType, ManifestEntryRef, ManifestFile};
 use urutau_planner::sink::SinkError;
 
 use super::commit::{ManifestFiles, NewSnapshot, alive_entries};
+use super::written_manifests::WRITTEN_MANIFESTS;
 
 /// Carried manifests of one kind are merged once they number this many.
 pub const MERGE_AT: usize = 100;
@@ -63,7 +64,12 @@ pub async fn merge_manifests(
             // another writer's entry without a file sequence number) is
             // carried as it is, never a reason to fail the commit.
             match merge(snap, deletes, spec_id, &bin, written).await {
-                Ok(merged) => out.push(merged),
+                Ok(merged) => {
+                    // No commit lists the merged ones again (a retry of
+                    // this one reads them from their files).
+                    WRITTEN_MANIFESTS.forget(bin.iter().map(|m| m.manifest_path.as_str()));
+                    out.push(merged);
+                }
                 Err(e) => {
                     tracing::warn!(table = %snap.table().identifier(), error = %e, "small manifests are carried unmerged");
                     out.extend(bin);

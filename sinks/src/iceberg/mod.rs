@@ -25,6 +25,7 @@ pub mod schema;
 mod snapshot_group;
 mod uuid_text;
 mod written_lists;
+mod written_manifests;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
